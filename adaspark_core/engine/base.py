@@ -1,0 +1,38 @@
+"""The Target protocol: what the scheduler needs from an engine (DESIGN.md, engine/)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..tree import Layout
+
+
+@dataclass(slots=True)
+class Verified:
+    """The outcome of one verify: the target's argmax per row and its timings (milliseconds)."""
+
+    argmax: list[int]
+    verify_ms: float  # batch build + llama_decode + argmax read
+    decode_ms: float  # llama_decode alone
+    host_ms: float  # the engine's own Python/KV work inside the verify (verify_ms - decode_ms)
+
+
+class Target(Protocol):
+    n_ctx: int
+    n_vocab: int
+    supports_trees: bool  # False for recurrent/hybrid models: chains only
+
+    def tokenize(self, text: str, special: bool = True) -> list[int]: ...
+    def chat_prompt(self, messages: list[dict]) -> list[int]: ...
+    def piece(self, token: int) -> bytes: ...
+    def is_eog(self, token: int) -> bool: ...
+    def start(self, tokens: list[int]) -> None:
+        """Reset the KV cache and prefill every token but the last (the first anchor)."""
+
+    def verify(self, lay: Layout) -> Verified:
+        """Run the layout's rows in one forward pass; the anchor sits at the next position."""
+
+    def commit(self, lay: Layout, keep_rows: list[int]) -> float:
+        """Keep the anchor and ``keep_rows`` (a path from it) in the KV cache; drop every other
+        row. Returns the milliseconds it took."""

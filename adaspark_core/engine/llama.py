@@ -1,0 +1,383 @@
+"""llama-cpp-python target: tree verify in one llama_decode, KV commit, chat template, timing.
+
+This is the one module of the package that owns ctypes and llama.cpp calls.
+
+How a tree is verified (DESIGN.md, "Engine facts"): the context is created with a unified KV
+cache. Every leaf of the tree gets its own sequence id 1..L; a row's sequence-id set is the set of
+leaves below it (the anchor carries all of them) and its position is the anchor's position plus its
+depth. llama.cpp's KQ mask tests a cell against the row's *first* sequence id, so each row sees
+exactly the committed prefix (copied from sequence 0 into every leaf sequence before the decode)
+and its own ancestors. A chain (at most one leaf) needs no copies: it decodes on sequence 0 and the
+commit is a single tail removal.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+import llama_cpp as L
+
+from ..errors import InputError
+from ..tree import Layout
+from .base import Verified
+
+GGUF_MAGIC = b"GGUF"
+MAX_SEQ = 256  # LLAMA_MAX_SEQ in the vendored llama.cpp
+
+_backend_ready = False
+_quiet_log = None  # keeps the ctypes callback alive
+
+
+def _init_backend(verbose: bool) -> None:
+    global _backend_ready, _quiet_log
+    if _backend_ready:
+        return
+    L.llama_backend_init()
+    if not verbose:
+        _quiet_log = L.llama_log_callback(lambda level, text, user: None)
+        L.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+    _backend_ready = True
+
+
+def check_gguf(path: str | os.PathLike) -> Path:
+    """The path, if it names a readable GGUF file; InputError otherwise."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"model file not found: {p}")
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise InputError(f"cannot read model file {p}: {e.strerror}") from None
+    if magic != GGUF_MAGIC:
+        raise InputError(f"not a GGUF model file: {p}")
+    return p
+
+
+def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: int, threads: int = 0) -> None:
+    """Write a requantised copy of ``src`` (llama_model_quantize with allow_requantize)."""
+    _init_backend(verbose=False)
+    params = L.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.allow_requantize = True
+    params.nthread = threads
+    rc = L.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize failed ({rc}) for {src}")
+
+
+def default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+class LlamaModel:
+    """A loaded GGUF model: weights, vocabulary, chat template. Contexts are made from it."""
+
+    def __init__(self, path: str | os.PathLike, verbose: bool = False):
+        self.path = check_gguf(path)
+        _init_backend(verbose)
+        mparams = L.llama_model_default_params()
+        self.ptr = L.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self.ptr:
+            raise InputError(f"llama.cpp could not load the model: {self.path}")
+        self.vocab = L.llama_model_get_vocab(self.ptr)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = L.llama_model_n_ctx_train(self.ptr)
+        self.recurrent = bool(L.llama_model_is_recurrent(self.ptr) or L.llama_model_is_hybrid(self.ptr))
+        buf = ctypes.create_string_buffer(256)
+        L.llama_model_desc(self.ptr, buf, len(buf))
+        self.desc = buf.value.decode(errors="replace")
+        tmpl = L.llama_model_chat_template(self.ptr, None)
+        self.chat_template = tmpl.decode() if tmpl else None
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._pieces: dict[int, bytes] = {}
+
+    def close(self) -> None:
+        if self.ptr:
+            L.llama_model_free(self.ptr)
+            self.ptr = None
+
+    # --- text ----------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, special: bool = True, add_bos: bool | None = None) -> list[int]:
+        data = text.encode()
+        if add_bos is None:
+            add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
+        cap = len(data) + 8
+        arr = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, add_bos, special)
+        if n < 0:  # buffer too small: -n is the size needed
+            cap = -n
+            arr = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, add_bos, special)
+        return list(arr[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (special tokens render as nothing)."""
+        got = self._pieces.get(token)
+        if got is None:
+            n = L.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
+            got = self._piece_buf.raw[: max(n, 0)]
+            self._pieces[token] = got
+        return got
+
+    def is_eog(self, token: int) -> bool:
+        return bool(L.llama_vocab_is_eog(self.vocab, token))
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        """Tokens of ``messages`` rendered with the model's own chat template, ready for the
+        assistant's reply. InputError if the model has no chat template (use raw mode)."""
+        if not self.chat_template:
+            raise InputError(f"{self.path.name} has no chat template; use --raw to send the text as is")
+        text = self._render_jinja(messages)
+        return self.tokenize(text, special=True, add_bos=False)
+
+    def _render_jinja(self, messages: list[dict]) -> str:
+        # The model's own Jinja template, as llama-cpp-python's high-level API renders it, so the
+        # prompt matches what users of Llama.create_chat_completion get.
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        def text_of(tok: int) -> str:
+            return self.piece_special(tok).decode(errors="replace") if tok >= 0 else ""
+
+        fmt = Jinja2ChatFormatter(
+            template=self.chat_template,
+            eos_token=text_of(L.llama_vocab_eos(self.vocab)),
+            bos_token=text_of(L.llama_vocab_bos(self.vocab)),
+        )
+        try:
+            return fmt(messages=messages).prompt
+        except Exception as e:  # a template error names the model, not our stack
+            raise InputError(f"the chat template of {self.path.name} failed: {e}") from None
+
+    def piece_special(self, token: int) -> bytes:
+        n = L.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, True)
+        return self._piece_buf.raw[: max(n, 0)]
+
+
+class LlamaTarget:
+    """A target for tree verification on one llama.cpp context.
+
+    State between rounds: sequence 0 holds the committed tokens except the last one, the anchor,
+    which is not yet in the KV cache; it is row 0 of the next verify, at position ``self.n_past``.
+    """
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        n_ctx: int | None = None,
+        threads: int | None = None,
+        max_width: int = 64,
+        n_batch: int = 512,
+    ):
+        self.model = model
+        self.n_vocab = model.n_vocab
+        self.n_ctx = int(n_ctx or min(model.n_ctx_train or 4096, 8192))
+        self.max_width = max_width
+        self.supports_trees = not model.recurrent
+        threads = threads or default_threads()
+        # Sequence 0 plus one per leaf; a tree of max_width rows has at most max_width-1 leaves.
+        self.n_seq = 1 if model.recurrent else min(max_width, MAX_SEQ)
+        cp = L.llama_context_default_params()
+        cp.n_ctx = self.n_ctx
+        cp.n_batch = max(n_batch, max_width)
+        cp.n_ubatch = cp.n_batch  # a verify never splits into ubatches
+        cp.n_seq_max = self.n_seq
+        cp.n_outputs_max = max_width  # logits buffer: a verify's rows, not a prefill's
+        cp.n_threads = threads
+        cp.n_threads_batch = threads
+        cp.kv_unified = True
+        cp.swa_full = True
+        cp.no_perf = True
+        if model.recurrent:
+            cp.n_rs_seq = max_width  # recurrent-state snapshots to roll back a rejected chain tail
+        self.ctx = L.llama_init_from_model(model.ptr, cp)
+        if not self.ctx:
+            raise InputError(f"llama.cpp could not create a context of {self.n_ctx} tokens for {model.path.name}")
+        if model.recurrent and L.llama_n_rs_seq(self.ctx) == 0:
+            self.max_chain_ok = False  # no rollback: only one row per round
+        else:
+            self.max_chain_ok = True
+        self.mem = L.llama_get_memory(self.ctx)
+        self._cap = cp.n_batch
+        self.batch = L.llama_batch_init(self._cap, 0, self.n_seq)
+        b = self.batch
+        self._tok = np.ctypeslib.as_array(b.token, (self._cap,))
+        self._pos = np.ctypeslib.as_array(b.pos, (self._cap,))
+        self._nseq = np.ctypeslib.as_array(b.n_seq_id, (self._cap,))
+        self._out = np.ctypeslib.as_array(b.logits, (self._cap,))
+        self._seq = [np.ctypeslib.as_array(b.seq_id[i], (self.n_seq,)) for i in range(self._cap)]
+        self._seq_ids = np.arange(self.n_seq, dtype=np.int32)
+        self.n_past = 0  # cells of sequence 0 = position of the anchor
+        self.anchor: int | None = None
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            L.llama_batch_free(self.batch)
+            L.llama_free(self.ctx)
+            self.ctx = None
+
+    def __del__(self):  # contexts hold large buffers; free them with the object
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # --- delegation to the model ---------------------------------------------------------------
+
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        return self.model.tokenize(text, special)
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        return self.model.chat_prompt(messages)
+
+    def piece(self, token: int) -> bytes:
+        return self.model.piece(token)
+
+    def is_eog(self, token: int) -> bool:
+        return self.model.is_eog(token)
+
+    # --- decoding ------------------------------------------------------------------------------
+
+    def start(self, tokens: list[int]) -> None:
+        """Clear the KV cache and prefill ``tokens[:-1]``; ``tokens[-1]`` becomes the anchor."""
+        if not tokens:
+            raise InputError("the prompt is empty after tokenisation")
+        if len(tokens) >= self.n_ctx:
+            raise InputError(f"the prompt has {len(tokens)} tokens; the context holds {self.n_ctx} (use --n-ctx)")
+        L.llama_memory_clear(self.mem, True)
+        self.n_past = 0
+        body = tokens[:-1]
+        for i in range(0, len(body), self._cap):
+            chunk = body[i : i + self._cap]
+            n = len(chunk)
+            self._tok[:n] = chunk
+            self._pos[:n] = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
+            self._nseq[:n] = 1
+            for r in range(n):
+                self._seq[r][0] = 0
+            self._out[:n] = 0
+            self.batch.n_tokens = n
+            self._decode()
+            self.n_past += n
+        self.anchor = tokens[-1]
+
+    def _decode(self) -> None:
+        rc = L.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc} (batch of {self.batch.n_tokens} rows at position {self.n_past})")
+
+    def room(self) -> int:
+        """How many more tokens the context can take after the anchor."""
+        return self.n_ctx - self.n_past - 1
+
+    def verify(self, lay: Layout) -> Verified:
+        t0 = time.perf_counter()
+        w = lay.width
+        if w > self.max_width:
+            raise ValueError(f"verify of {w} rows exceeds max_width {self.max_width}")
+        if lay.token[0] != self.anchor:
+            raise ValueError("the layout's row 0 is not the current anchor")
+        chain = lay.is_chain
+        if not chain and not self.supports_trees:
+            raise ValueError("recurrent/hybrid models verify chains only")
+        if w > 1 and not self.max_chain_ok:
+            raise ValueError("this recurrent model cannot roll back a chain; only one row per round")
+        if self.n_past + lay.max_depth >= self.n_ctx:
+            raise ValueError("the tree runs past the context")
+        self._tok[:w] = lay.token
+        self._pos[:w] = np.asarray(lay.depth, dtype=np.int32) + self.n_past
+        self._out[:w] = 1
+        if chain:
+            self._nseq[:w] = 1
+            for r in range(w):
+                self._seq[r][0] = 0
+        else:
+            ids = self._seq_ids
+            for r in range(w):
+                lo, hi = lay.seq_lo[r], lay.seq_hi[r]
+                self._nseq[r] = hi - lo + 1
+                self._seq[r][: hi - lo + 1] = ids[lo : hi + 1]
+            for s in range(1, lay.n_leaves + 1):
+                L.llama_memory_seq_cp(self.mem, 0, s, -1, -1)
+        self.batch.n_tokens = w
+        t1 = time.perf_counter()
+        self._decode()
+        t2 = time.perf_counter()
+        logits = np.ctypeslib.as_array(L.llama_get_logits(self.ctx), (w, self.n_vocab))
+        argmax = logits.argmax(axis=1).tolist()
+        t3 = time.perf_counter()
+        decode_ms = (t2 - t1) * 1e3
+        verify_ms = (t3 - t0) * 1e3
+        return Verified(argmax, verify_ms, decode_ms, verify_ms - decode_ms)
+
+    def commit(self, lay: Layout, keep_rows: list[int], next_anchor: int) -> float:
+        """Keep the anchor and ``keep_rows`` (a path from it, top down) in sequence 0, drop every
+        other row, and make ``next_anchor`` the new anchor. Returns milliseconds taken."""
+        t0 = time.perf_counter()
+        p0 = self.n_past
+        end = p0 + len(keep_rows) + 1  # first position past the kept path
+        if lay.is_chain:
+            L.llama_memory_seq_rm(self.mem, 0, end, -1)
+        else:
+            deepest = keep_rows[-1] if keep_rows else 0
+            s_star = lay.seq_lo[deepest]  # any leaf below the deepest kept row carries the path
+            L.llama_memory_seq_rm(self.mem, s_star, end, -1)
+            L.llama_memory_seq_cp(self.mem, s_star, 0, p0, -1)
+            L.llama_memory_seq_keep(self.mem, 0)  # every leaf sequence off every cell, in one pass
+        self.n_past = end
+        self.anchor = next_anchor
+        return (time.perf_counter() - t0) * 1e3
+
+    # --- inspection (tests, profile) -----------------------------------------------------------
+
+    def seq_ranges(self) -> dict[int, tuple[int, int]]:
+        """(min, max) position per sequence that holds cells."""
+        out = {}
+        for s in range(self.n_seq):
+            lo = L.llama_memory_seq_pos_min(self.mem, s)
+            if lo >= 0:
+                out[s] = (lo, L.llama_memory_seq_pos_max(self.mem, s))
+        return out
+
+    def seq_state_bytes(self, seq: int = 0) -> int:
+        """Size of sequence ``seq``'s saved state: affine in the number of cells it holds."""
+        return L.llama_state_seq_get_size(self.ctx, seq)
+
+
+def rescore(model: LlamaModel, tokens: list[int], threads: int | None = None) -> tuple[list[int], list[float]]:
+    """One llama_decode over ``tokens`` on a fresh context: the argmax after every position and the
+    gap between its top two logits. Used to check a decode against the target's own scores."""
+    n = len(tokens)
+    threads = threads or default_threads()
+    cp = L.llama_context_default_params()
+    cp.n_ctx = max(n + 8, 64)
+    cp.n_batch = cp.n_ubatch = n
+    cp.n_outputs_max = n
+    cp.n_threads = cp.n_threads_batch = threads
+    cp.no_perf = True
+    ctx = L.llama_init_from_model(model.ptr, cp)
+    batch = L.llama_batch_init(n, 0, 1)
+    try:
+        for i, t in enumerate(tokens):
+            batch.token[i] = t
+            batch.pos[i] = i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = 1
+        batch.n_tokens = n
+        rc = L.llama_decode(ctx, batch)
+        if rc != 0:
+            raise RuntimeError(f"rescore llama_decode failed ({rc})")
+        logits = np.ctypeslib.as_array(L.llama_get_logits(ctx), (n, model.n_vocab))
+        top2 = np.partition(logits, -2, axis=1)[:, -2:]
+        gap = (top2[:, 1] - top2[:, 0]).tolist()
+        return logits.argmax(axis=1).tolist(), gap
+    finally:
+        L.llama_batch_free(batch)
+        L.llama_free(ctx)

@@ -1,0 +1,125 @@
+"""The round record and the JSON-lines round log (DESIGN.md, "Round record and round log").
+
+A record holds everything any learner needs about one round, so learners can be trained and
+replayed from a log without the model. One JSON object per line, written with orjson. Every line
+carries ``schema``; reading a log upgrades older lines through ``UPGRADES``, an append-only list of
+functions, the i-th of which turns a schema-(i+1) line into a schema-(i+2) line.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Callable, Iterator
+
+import orjson
+
+SCHEMA = 1
+
+# Append-only: UPGRADES[i] maps a dict of schema i+1 to schema i+2. Never edit an entry.
+UPGRADES: list[Callable[[dict], dict]] = []
+
+
+@dataclass(slots=True)
+class Timing:
+    """Milliseconds. ``draft`` is D (drafter + tree build); ``verify`` is T (the target's verify,
+    batch build and argmax read included); ``commit`` the KV commit; ``host`` the engine's own
+    Python time outside llama_decode (batch build, KV sequence operations, argmax read)."""
+
+    draft: float
+    verify: float
+    commit: float
+    host: float
+    decode: float  # llama_decode alone
+
+    @property
+    def total(self) -> float:
+        return self.draft + self.verify + self.commit
+
+
+@dataclass(slots=True)
+class RoundRecord:
+    request: str
+    round: int  # 0-based index within the request
+    context: int  # committed tokens at the start of the round (the anchor included)
+    arm: str
+    anchor: int  # the anchor's token
+    candidates: list[dict]  # Candidate.to_dict() of every proposed candidate, placed or not
+    order: list[int]  # best-first order of candidate indices (Proposition 1)
+    offered: list[int]  # widths the arm offered
+    prices: list[float] | None  # the arm's price (ms) per offered width, when it has one
+    width: int  # rows verified (the anchor included)
+    rows: list[int]  # candidate index per verified row, -1 for the anchor, depth-first
+    argmax: list[int]  # the target's argmax per verified row
+    path: list[int]  # accepted candidate indices, from the anchor down
+    bonus: int  # the target's argmax at the deepest accepted row
+    emitted: list[int]  # tokens this round added to the reply (after stop truncation)
+    times: Timing
+    first: bool = False  # the request's first round
+    last: bool = False  # the request's last round
+    finish: str | None = None  # on the last round: stop, length or context
+    schema: int = field(default=SCHEMA)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["times"]["total"] = self.times.total
+        return d
+
+    @staticmethod
+    def from_json(d: dict) -> "RoundRecord":
+        d = upgrade(dict(d))
+        t = dict(d.pop("times"))
+        t.pop("total", None)
+        return RoundRecord(times=Timing(**t), **d)
+
+
+def upgrade(d: dict) -> dict:
+    """Bring a parsed log line to the current schema."""
+    version = d.get("schema")
+    if not isinstance(version, int) or not 1 <= version <= SCHEMA:
+        raise ValueError(f"unknown round-log schema {version!r} (this build reads 1..{SCHEMA})")
+    for step in UPGRADES[version - 1 :]:
+        d = step(d)
+    d["schema"] = SCHEMA
+    return d
+
+
+class RoundLog:
+    """Appends records to a JSON-lines file; each line is written whole and flushed, so a log cut
+    short by a crash loses at most the round being written."""
+
+    def __init__(self, path: str | os.PathLike | None = None, stream: IO[bytes] | None = None):
+        if (path is None) == (stream is None):
+            raise ValueError("give exactly one of path or stream")
+        self._own = stream is None
+        self._f = open(path, "ab") if stream is None else stream
+
+    def write(self, rec: RoundRecord) -> None:
+        self._f.write(orjson.dumps(rec.to_json()) + b"\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._own:
+            self._f.close()
+
+    def __enter__(self) -> "RoundLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_log(path: str | os.PathLike) -> Iterator[RoundRecord]:
+    """Yield the records of a round log, upgraded to the current schema.
+
+    Raises ValueError naming the line for a line that is not a record.
+    """
+    with open(Path(path), "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield RoundRecord.from_json(orjson.loads(line))
+            except (orjson.JSONDecodeError, TypeError, ValueError, KeyError) as e:
+                raise ValueError(f"{path}:{lineno}: not a round record ({e})") from None

@@ -1,0 +1,318 @@
+"""One round of Algorithm 1, engine-agnostic, and the arms that set its width.
+
+A round is a chain of small functions (gpt-fast style): ``draft`` proposes candidates, ``plan``
+prices and orders them and picks the width, the target verifies, ``accept_walk`` returns what was
+accepted, and ``Generation`` does the bookkeeping (stopping, commit, index, log, statistics).
+
+Arms (this issue): ``ar`` verifies one row per round; ``chain:N`` verifies the n-gram chain, at most
+N draft tokens (N + 1 rows; ``chain:3`` is llama.cpp's default speculative configuration);
+``tree:N`` verifies the best-first prefix of N rows by a simple prior. ``tree:1`` and ``chain:0``
+are plain decoding: width 1 is a first-class width (one row, no candidates).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from . import tree
+from .engine.base import Target
+from .errors import InputError
+from .ngram import SuffixIndex
+from .record import RoundLog, RoundRecord, Timing
+from .tree import ANCHOR, NGRAM, PICK, SIBLING, Candidate
+
+MAX_CHAIN_DEPTH = 32  # n-gram chains stop 32 tokens below the anchor (Table 14)
+
+STOP, LENGTH, CONTEXT = "stop", "length", "context"
+
+
+@dataclass(frozen=True, slots=True)
+class Arm:
+    """How a round's width is set. ``kind`` is ar, chain or tree; ``n`` its size."""
+
+    kind: str
+    n: int = 1
+
+    @property
+    def name(self) -> str:
+        return "ar" if self.kind == "ar" else f"{self.kind}:{self.n}"
+
+    @property
+    def max_width(self) -> int:
+        return {"ar": 1, "chain": self.n + 1, "tree": self.n}[self.kind]
+
+    @property
+    def needs_tree(self) -> bool:
+        return self.kind == "tree" and self.n > 2
+
+    def offered(self) -> list[int]:
+        return [self.max_width]
+
+    def choose(self, n_cands: int) -> int:
+        """The width verified when ``n_cands`` candidates were proposed. A fixed arm verifies its
+        width, or every candidate when fewer were proposed (the tree comes out narrower)."""
+        return min(self.max_width, n_cands + 1)
+
+
+_ARM = re.compile(r"^(ar|chain:(\d+)|tree:(\d+))$")
+
+
+def parse_arm(spec: str, max_width: int = 64) -> Arm:
+    m = _ARM.match(spec.strip())
+    if not m:
+        raise InputError(f"unknown arm {spec!r}: use ar, chain:N or tree:N")
+    if m.group(1) == "ar":
+        return Arm("ar")
+    kind, n = ("chain", int(m.group(2))) if m.group(2) is not None else ("tree", int(m.group(3)))
+    arm = Arm(kind, n)
+    if arm.max_width < 1:
+        raise InputError(f"arm {spec!r}: a verify has at least one row")
+    if arm.max_width > max_width:
+        raise InputError(f"arm {spec!r} verifies {arm.max_width} rows; the most is {max_width}")
+    if arm.max_width == 1:
+        return Arm("ar")
+    return arm
+
+
+# --- one round, as pure functions -----------------------------------------------------------------
+
+
+def prior_q(c: Candidate) -> float:
+    """A simple prior for P(accepted | parent accepted), used by the fixed arms.
+
+    An n-gram node continuing a copy of length m scores m / (m + 1): one matching token is a coin
+    flip, a long copy is nearly certain. Drafter candidates score their head, else their share.
+    """
+    if c.source == NGRAM:
+        return c.evidence / (c.evidence + 1.0)
+    if c.source == PICK:
+        return c.h if c.h is not None else (c.share or 0.0)
+    if c.source == SIBLING:
+        return (c.share or 0.0) * (1.0 - (c.h if c.h is not None else 0.5))
+    raise ValueError(f"unknown source {c.source!r}")
+
+
+def draft(index: SuffixIndex, depth_limit: int) -> list[Candidate]:
+    """Candidates for one round: the n-gram chain from the anchor (no model drafter yet)."""
+    if depth_limit <= 0:
+        return []
+    toks, match_len = index.chain(min(depth_limit, MAX_CHAIN_DEPTH))
+    cands: list[Candidate] = []
+    parent = ANCHOR
+    for t in toks:
+        c = tree.child_of(cands, parent, t, NGRAM, evidence=match_len)
+        c.q = prior_q(c)
+        cands.append(c)
+        parent = len(cands) - 1
+    return cands
+
+
+@dataclass(slots=True)
+class Plan:
+    order: list[int]
+    expected: list[float]  # S(n) for n = 1 .. len(order) + 1
+    width: int
+    layout: tree.Layout
+
+
+def plan(anchor: int, cands: list[Candidate], arm: Arm, max_rows: int) -> Plan:
+    """Order the candidates best first, choose the width and lay the prefix out depth first."""
+    big_q = tree.path_products(cands)
+    order = tree.best_first(big_q)
+    width = min(arm.choose(len(cands)), max_rows)
+    lay = tree.layout(anchor, cands, tree.prefix(order, width))
+    return Plan(order, tree.expected_accepted(big_q, order), width, lay)
+
+
+def stop_cut(accepted: list[int], is_eog: Callable[[int], bool], budget: int) -> tuple[int, str | None]:
+    """How many of a round's accepted tokens to commit, and the finish reason if the reply ends.
+
+    The reply ends at the first end-of-generation token (committed, not emitted) or when the
+    token budget runs out."""
+    for i, t in enumerate(accepted):
+        if i >= budget:
+            return i, LENGTH
+        if is_eog(t):
+            return i + 1, STOP
+    if len(accepted) >= budget:
+        return len(accepted), LENGTH
+    return len(accepted), None
+
+
+# --- a request ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Stats:
+    """A reply's statistics. Decode speed is on the client clock: tokens emitted after the first
+    delta over the time from the first delta to the last (the first delta's time includes the
+    prefill, so it is the interval's start, not a token of it)."""
+
+    generated: int = 0
+    rounds: int = 0
+    widths: Counter = field(default_factory=Counter)  # verified rows -> rounds
+    accepted: Counter = field(default_factory=Counter)  # accepted draft tokens -> rounds
+    first_delta_tokens: int = 0
+    t_start: float = 0.0
+    t_first: float | None = None
+    t_last: float | None = None
+    verify_ms: float = 0.0
+    draft_ms: float = 0.0
+    host_ms: float = 0.0
+
+    def delta(self, n: int, now: float) -> None:
+        if n <= 0:
+            return
+        if self.t_first is None:
+            self.t_first = now
+            self.first_delta_tokens = n
+        self.t_last = now
+        self.generated += n
+
+    @property
+    def decode_seconds(self) -> float:
+        if self.t_first is None or self.t_last is None:
+            return 0.0
+        return self.t_last - self.t_first
+
+    @property
+    def decode_tps(self) -> float | None:
+        span = self.decode_seconds
+        return (self.generated - self.first_delta_tokens) / span if span > 0 else None
+
+    @property
+    def tokens_per_round(self) -> float:
+        return self.generated / self.rounds if self.rounds else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "generated_tokens": self.generated,
+            "rounds": self.rounds,
+            "decode_tok_s": self.decode_tps,
+            "decode_seconds": self.decode_seconds,
+            "tokens_per_round": self.tokens_per_round,
+            "widths": {str(k): v for k, v in sorted(self.widths.items())},
+            "accepted": {str(k): v for k, v in sorted(self.accepted.items())},
+            "verify_ms": self.verify_ms,
+            "draft_ms": self.draft_ms,
+            "host_ms_per_round": self.host_ms / self.rounds if self.rounds else 0.0,
+        }
+
+
+class Generation:
+    """One request decoded greedily round by round. Iterate it for the emitted tokens of each
+    round (an empty list for a round that emitted nothing new, e.g. only the end token); after
+    the loop ``finish``, ``stats`` and ``text_tokens`` describe the reply."""
+
+    def __init__(
+        self,
+        target: Target,
+        prompt: list[int],
+        arm: Arm,
+        max_tokens: int,
+        request_id: str = "r0",
+        log: RoundLog | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        if arm.needs_tree and not target.supports_trees:
+            raise InputError(f"arm {arm.name} needs tree verification, which recurrent/hybrid models cannot do; use chain:N or ar")
+        if max_tokens < 1:
+            raise InputError("max tokens must be at least 1")
+        self.target = target
+        self.arm = arm
+        self.max_tokens = max_tokens
+        self.request_id = request_id
+        self.log = log
+        self.clock = clock
+        self.prompt = list(prompt)
+        self.index = SuffixIndex()
+        self.index.extend(self.prompt)
+        self.tokens: list[int] = []  # the reply, end token excluded
+        self.finish: str | None = None
+        self.stats = Stats()
+        self.records: list[RoundRecord] = []
+        self.keep_records = False
+
+    def __iter__(self) -> Iterator[list[int]]:
+        target = self.target
+        self.stats.t_start = self.clock()
+        target.start(self.prompt)
+        rnd = 0
+        while self.finish is None:
+            # A round never commits past the context (see the depth limit in _round), and the
+            # prompt leaves room for one token, so room() >= 1 here.
+            rec, emitted = self._round(rnd, target.room())
+            rnd += 1
+            self.stats.delta(len(emitted), self.clock())
+            yield emitted
+
+    def _round(self, rnd: int, room: int) -> tuple[RoundRecord, list[int]]:
+        target, arm, st = self.target, self.arm, self.stats
+        t0 = self.clock()
+        anchor = target.anchor
+        context = target.n_past + 1  # committed tokens, the anchor included
+        depth_limit = min(arm.max_width - 1, room - 1)
+        cands = draft(self.index, depth_limit) if arm.max_width > 1 else []
+        # Cells: the committed prefix plus the verify's rows must fit the context.
+        max_rows = max(1, min(arm.max_width, target.n_ctx - target.n_past))
+        p = plan(anchor, cands, arm, max_rows)
+        t1 = self.clock()
+        ver = target.verify(p.layout)
+        path_rows, bonus = tree.accept_walk(p.layout, ver.argmax)
+        accepted = [p.layout.token[r] for r in path_rows] + [bonus]
+        budget = self.max_tokens - len(self.tokens)
+        n_commit, finish = stop_cut(accepted, target.is_eog, budget)
+        committed = accepted[:n_commit]
+        commit_ms = target.commit(p.layout, path_rows[: n_commit - 1], committed[-1])
+        self.index.extend(committed)
+        emitted = committed[:-1] if finish == STOP else committed
+        self.tokens.extend(emitted)
+        if finish is None and target.room() <= 0:
+            finish = CONTEXT
+        self.finish = finish
+        draft_ms = (t1 - t0) * 1e3
+        st.rounds += 1
+        st.widths[p.width] += 1
+        st.accepted[len(path_rows)] += 1
+        st.verify_ms += ver.verify_ms
+        st.draft_ms += draft_ms
+        st.host_ms += ver.host_ms + commit_ms
+        rec = RoundRecord(
+            request=self.request_id,
+            round=rnd,
+            context=context,
+            arm=arm.name,
+            anchor=anchor,
+            candidates=[c.to_dict() for c in cands],
+            order=p.order,
+            offered=arm.offered(),
+            prices=None,
+            width=p.width,
+            rows=p.layout.cand,
+            argmax=ver.argmax,
+            path=[p.layout.cand[r] for r in path_rows],
+            bonus=bonus,
+            emitted=emitted,
+            times=Timing(draft=draft_ms, verify=ver.verify_ms, commit=commit_ms,
+                         host=ver.host_ms + commit_ms, decode=ver.decode_ms),
+            first=rnd == 0,
+            last=finish is not None,
+            finish=finish,
+        )
+        if self.log is not None:
+            self.log.write(rec)
+        if self.keep_records:
+            self.records.append(rec)
+        return rec, emitted
+
+
+def run(target: Target, prompt: list[int], arm: Arm, max_tokens: int, **kw) -> Generation:
+    """Decode a whole reply and return the finished Generation."""
+    gen = Generation(target, prompt, arm, max_tokens, **kw)
+    for _ in gen:
+        pass
+    return gen

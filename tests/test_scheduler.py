@@ -1,0 +1,98 @@
+import pytest
+
+from adaspark_core.errors import InputError
+from adaspark_core.record import RoundLog, read_log
+from adaspark_core.scheduler import Arm, parse_arm, run, stop_cut
+
+from fakes import FakeTarget, cyclic
+
+
+def test_parse_arm():
+    assert parse_arm("ar") == Arm("ar")
+    assert parse_arm("chain:3").max_width == 4
+    assert parse_arm("tree:16").max_width == 16
+    assert parse_arm("tree:1") == Arm("ar")  # width 1 is plain decoding
+    assert parse_arm("chain:0") == Arm("ar")
+    for bad in ["tree", "tree:0", "chain:-1", "beam:4", "tree:65", ""]:
+        with pytest.raises(InputError):
+            parse_arm(bad)
+
+
+def test_stop_cut():
+    eog = lambda t: t == 0
+    assert stop_cut([5, 6, 7], eog, 10) == (3, None)
+    assert stop_cut([5, 0, 7], eog, 10) == (2, "stop")
+    assert stop_cut([5, 6, 7], eog, 2) == (2, "length")
+    assert stop_cut([5, 6], eog, 2) == (2, "length")
+    assert stop_cut([0], eog, 1) == (1, "stop")
+
+
+SEQ = [11, 12, 13, 14, 15, 16, 17, 18]
+
+
+@pytest.mark.parametrize("arm", ["ar", "chain:3", "tree:2", "tree:8", "tree:16"])
+def test_every_arm_emits_the_targets_greedy_continuation(arm):
+    # The prompt repeats the cycle, so n-gram chains are right and rounds accept several tokens.
+    prompt = SEQ * 3 + SEQ[:3]
+    t = FakeTarget(cyclic(SEQ))
+    gen = run(t, prompt, parse_arm(arm), max_tokens=40)
+    expect = [SEQ[(3 + i) % len(SEQ)] for i in range(40)]
+    assert gen.tokens == expect and gen.finish == "length"
+    assert t.kv == prompt + expect[:-1]  # the cache holds everything but the anchor
+    if arm != "ar":
+        assert gen.stats.rounds <= 40 / 2  # speculation accepted several tokens per round
+    assert max(gen.stats.widths) <= parse_arm(arm).max_width
+
+
+def test_stop_token_ends_the_reply_and_is_not_emitted():
+    seq = [11, 12, 13, 0]
+    t = FakeTarget(cyclic(seq), eog=0)
+    gen = run(t, [11, 12, 13, 0, 11], parse_arm("chain:4"), max_tokens=100)
+    assert gen.tokens == [12, 13] and gen.finish == "stop"
+
+
+def test_context_limit_ends_the_reply_without_overflowing():
+    t = FakeTarget(cyclic(SEQ), n_ctx=40)
+    prompt = SEQ * 3 + SEQ[:3]  # 27 tokens
+    gen = run(t, prompt, parse_arm("tree:16"), max_tokens=1000)
+    assert gen.finish == "context"
+    assert len(prompt) + len(gen.tokens) == 40  # every position filled, none past the end
+
+
+def test_width_one_rounds_have_one_row_and_no_candidates():
+    t = FakeTarget(cyclic(SEQ))
+    gen = run(t, SEQ * 2, parse_arm("ar"), max_tokens=5)
+    assert all(lay.width == 1 for lay in t.verifies)
+    assert gen.stats.widths == {1: 5}
+
+
+def test_round_log_round_trips(tmp_path):
+    path = tmp_path / "rounds.jsonl"
+    t = FakeTarget(cyclic(SEQ))
+    with RoundLog(path) as log:
+        gen = run(t, SEQ * 2 + [11], parse_arm("tree:4"), max_tokens=10, request_id="q1", log=log)
+    recs = list(read_log(path))
+    assert len(recs) == gen.stats.rounds
+    assert recs[0].first and recs[-1].last and recs[-1].finish == "length"
+    assert [r.round for r in recs] == list(range(len(recs)))
+    assert sum(len(r.emitted) for r in recs) == 10
+    for r in recs:
+        assert r.schema == 1 and r.request == "q1"
+        assert len(r.rows) == r.width == len(r.argmax)
+        # the accepted path follows the argmax from the anchor, and the bonus is the argmax after it
+        row_of = {c: i for i, c in enumerate(r.rows)}
+        at = 0
+        for c in r.path:
+            assert r.candidates[c]["token"] == r.argmax[at]
+            at = row_of[c]
+        assert r.bonus == r.argmax[at]
+
+
+def test_read_log_names_a_bad_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"schema": 1}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        list(read_log(path))
+    path.write_text('{"schema": 99}\n')
+    with pytest.raises(ValueError, match="schema"):
+        list(read_log(path))

@@ -1,0 +1,114 @@
+import random
+
+import pytest
+
+from adaspark_core import tree
+from adaspark_core.tree import ANCHOR, NGRAM, PICK, SIBLING, Candidate
+
+
+def make(specs):
+    """specs: (token, parent, source, q) in index order."""
+    cands = []
+    for tok, parent, src, q in specs:
+        c = tree.child_of(cands, parent, tok, src)
+        c.q = q
+        cands.append(c)
+    return cands
+
+
+def random_tree(rng, n):
+    specs = []
+    for j in range(n):
+        parent = rng.choice([ANCHOR] + list(range(j)))
+        specs.append((rng.randrange(100), parent, rng.choice([PICK, SIBLING, NGRAM]), rng.choice([0.0, 0.25, 0.5, 0.5, 1.0, rng.random()])))
+    return make(specs)
+
+
+def test_path_products_multiply_along_the_path():
+    cands = make([(1, ANCHOR, PICK, 0.5), (2, 0, PICK, 0.4), (3, ANCHOR, SIBLING, 0.2), (4, 1, NGRAM, 0.5)])
+    assert tree.path_products(cands) == pytest.approx([0.5, 0.2, 0.2, 0.1])
+
+
+def test_best_first_breaks_ties_toward_the_lower_index():
+    cands = make([(1, ANCHOR, PICK, 0.5), (2, ANCHOR, SIBLING, 0.5), (3, 0, PICK, 1.0), (4, 1, NGRAM, 1.0)])
+    # Q = .5 .5 .5 .5: all tied, so index order; parents still precede children.
+    assert tree.best_first(tree.path_products(cands)) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_every_prefix_is_a_tree_with_maximal_expected_tokens(seed):
+    rng = random.Random(seed)
+    cands = random_tree(rng, rng.randrange(1, 12))
+    big_q = tree.path_products(cands)
+    order = tree.best_first(big_q)
+    s = tree.expected_accepted(big_q, order)
+    assert s[0] == 0.0 and len(s) == len(cands) + 1
+    for width in range(1, len(cands) + 2):
+        chosen = tree.prefix(order, width)
+        assert set(chosen) >= {cands[j].parent for j in chosen} - {ANCHOR}
+        tree.layout(7, cands, chosen)  # raises if not a tree
+        # Proposition 1: no set of width-1 candidates has a larger sum (trees included).
+        best_any = sum(sorted(big_q, reverse=True)[: width - 1])
+        assert s[width - 1] == pytest.approx(best_any)
+
+
+def test_layout_is_depth_first_with_contiguous_leaf_ranges():
+    # anchor -> a(0) -> b(1) -> c(3); anchor -> d(2); a -> e(4)
+    cands = make([(10, ANCHOR, PICK, .9), (11, 0, PICK, .9), (12, ANCHOR, SIBLING, .1), (13, 1, PICK, .9), (14, 0, SIBLING, .05)])
+    lay = tree.layout(99, cands, [0, 1, 3, 2, 4])
+    assert lay.token == [99, 10, 11, 13, 14, 12]
+    assert lay.cand == [ANCHOR, 0, 1, 3, 4, 2]
+    assert lay.parent_row == [-1, 0, 1, 2, 1, 0]
+    assert lay.depth == [0, 1, 2, 3, 2, 1]
+    assert lay.n_leaves == 3 and not lay.is_chain
+    # leaves: row 3 -> 1, row 4 -> 2, row 5 -> 3; internal rows cover their leaves.
+    assert [(lay.seq_lo[r], lay.seq_hi[r]) for r in range(6)] == [(1, 3), (1, 2), (1, 1), (1, 1), (2, 2), (3, 3)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_rows_sequence_set_is_exactly_the_leaves_below_it(seed):
+    rng = random.Random(100 + seed)
+    cands = random_tree(rng, rng.randrange(1, 15))
+    lay = tree.layout(0, cands, list(range(len(cands))))
+    for r in range(lay.width):
+        below = set()
+        stack = [r]
+        while stack:
+            x = stack.pop()
+            if not lay.children[x]:
+                below.add(lay.seq_lo[x])
+            stack += lay.children[x]
+        assert set(range(lay.seq_lo[r], lay.seq_hi[r] + 1)) == below
+        # depth-first: a row's parent comes before it, positions never decrease along a sequence
+        assert lay.parent_row[r] < r
+
+
+def test_layout_rejects_an_orphan():
+    cands = make([(1, ANCHOR, PICK, .5), (2, 0, PICK, .5)])
+    with pytest.raises(ValueError):
+        tree.layout(0, cands, [1])
+
+
+def test_width_one_is_the_anchor_alone():
+    lay = tree.layout(5, [], [])
+    assert lay.width == 1 and lay.is_chain and lay.n_leaves == 0
+    assert tree.accept_walk(lay, [42]) == ([], 42)
+
+
+def test_accept_walk_follows_the_argmax_and_returns_the_bonus():
+    cands = make([(10, ANCHOR, PICK, .9), (11, 0, PICK, .9), (12, ANCHOR, SIBLING, .1), (13, 1, PICK, .9)])
+    lay = tree.layout(99, cands, [0, 1, 2, 3])  # rows: 99, 10, 11, 13, 12
+    # argmax at anchor = 10 (row 1), at row 1 = 11 (row 2), at row 2 = 77 (no child 77)
+    path, bonus = tree.accept_walk(lay, [10, 11, 77, 5, 6])
+    assert path == [1, 2] and bonus == 77
+    # a sibling accepted: argmax at anchor is 12
+    path, bonus = tree.accept_walk(lay, [12, 0, 0, 0, 33])
+    assert path == [4] and bonus == 33
+
+
+def test_check_topological():
+    good = make([(1, ANCHOR, PICK, .5), (2, 0, PICK, .5)])
+    tree.check_topological(good)
+    bad = [Candidate(1, 1, PICK, 1), Candidate(2, ANCHOR, PICK, 1)]
+    with pytest.raises(ValueError):
+        tree.check_topological(bad)
