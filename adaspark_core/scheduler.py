@@ -233,6 +233,7 @@ class Generation:
         self.index.extend(self.prompt)
         self.tokens: list[int] = []  # the reply, end token excluded
         self.finish: str | None = None
+        self.last_width = 0  # rows of the latest verify
         self.stats = Stats()
         self.records: list[RoundRecord] = []
         self.keep_records = False
@@ -275,6 +276,7 @@ class Generation:
             finish = CONTEXT
         self.finish = finish
         draft_ms = (t1 - t0) * 1e3
+        self.last_width = p.width
         st.rounds += 1
         st.widths[p.width] += 1
         st.accepted[len(path_rows)] += 1

@@ -27,6 +27,13 @@ from ..tree import Layout
 from .base import Verified
 
 GGUF_MAGIC = b"GGUF"
+
+# FLASH_ATTN_NOTE: flash attention is off by default. Measured on the default model (2-core CPU,
+# llama-cpp-python 0.3.36): with it on, a row's logits change with the number of rows in the batch
+# (up to 1.7 logits), so a tree would not verify the same text as a chain, and a 16-row verify at
+# 1,500 tokens of context took 158 ms against 62 ms with it off. With it off, every batch of two
+# rows or more computes each row bit for bit as a one-batch re-score does (paper 3.5: only the
+# one-row kernel differs).
 MAX_SEQ = 256  # LLAMA_MAX_SEQ in the vendored llama.cpp
 
 _backend_ready = False
@@ -174,6 +181,7 @@ class LlamaTarget:
         threads: int | None = None,
         max_width: int = 64,
         n_batch: int = 512,
+        flash_attn: bool = False,
     ):
         self.model = model
         self.n_vocab = model.n_vocab
@@ -188,12 +196,15 @@ class LlamaTarget:
         cp.n_batch = max(n_batch, max_width)
         cp.n_ubatch = cp.n_batch  # a verify never splits into ubatches
         cp.n_seq_max = self.n_seq
-        cp.n_outputs_max = max_width  # logits buffer: a verify's rows, not a prefill's
+        # Logits buffer for a verify's rows, not a prefill's; llama.cpp reserves at least one
+        # output per sequence, so it must also cover n_seq.
+        cp.n_outputs_max = max(max_width, self.n_seq)
         cp.n_threads = threads
         cp.n_threads_batch = threads
         cp.kv_unified = True
         cp.swa_full = True
         cp.no_perf = True
+        cp.flash_attn_type = 1 if flash_attn else 0  # see FLASH_ATTN_NOTE
         if model.recurrent:
             cp.n_rs_seq = max_width  # recurrent-state snapshots to roll back a rejected chain tail
         self.ctx = L.llama_init_from_model(model.ptr, cp)
@@ -215,6 +226,7 @@ class LlamaTarget:
         self._seq_ids = np.arange(self.n_seq, dtype=np.int32)
         self.n_past = 0  # cells of sequence 0 = position of the anchor
         self.anchor: int | None = None
+        self._last_rows = 0
 
     def close(self) -> None:
         if getattr(self, "ctx", None):
@@ -312,6 +324,7 @@ class LlamaTarget:
         logits = np.ctypeslib.as_array(L.llama_get_logits(self.ctx), (w, self.n_vocab))
         argmax = logits.argmax(axis=1).tolist()
         t3 = time.perf_counter()
+        self._last_rows = w
         decode_ms = (t2 - t1) * 1e3
         verify_ms = (t3 - t0) * 1e3
         return Verified(argmax, verify_ms, decode_ms, verify_ms - decode_ms)
@@ -334,7 +347,18 @@ class LlamaTarget:
         self.anchor = next_anchor
         return (time.perf_counter() - t0) * 1e3
 
+    def discard(self, lay: Layout) -> None:
+        """Undo a verify without committing anything: the KV cache is as before it."""
+        if lay.is_chain:
+            L.llama_memory_seq_rm(self.mem, 0, self.n_past, -1)
+        else:
+            L.llama_memory_seq_keep(self.mem, 0)  # tree cells carry only leaf sequences
+
     # --- inspection (tests, profile) -----------------------------------------------------------
+
+    def last_logits(self) -> np.ndarray:
+        """A copy of the last verify's logits, one row per verified row (tests compare them)."""
+        return np.ctypeslib.as_array(L.llama_get_logits(self.ctx), (self._last_rows, self.n_vocab)).copy()
 
     def seq_ranges(self) -> dict[int, tuple[int, int]]:
         """(min, max) position per sequence that holds cells."""
@@ -350,9 +374,9 @@ class LlamaTarget:
         return L.llama_state_seq_get_size(self.ctx, seq)
 
 
-def rescore(model: LlamaModel, tokens: list[int], threads: int | None = None) -> tuple[list[int], list[float]]:
-    """One llama_decode over ``tokens`` on a fresh context: the argmax after every position and the
-    gap between its top two logits. Used to check a decode against the target's own scores."""
+def score(model: LlamaModel, tokens: list[int], threads: int | None = None, flash_attn: bool = False) -> np.ndarray:
+    """Logits after every position of ``tokens``, from one llama_decode on a fresh context:
+    the reference a decode is checked against. Shape (len(tokens), n_vocab)."""
     n = len(tokens)
     threads = threads or default_threads()
     cp = L.llama_context_default_params()
@@ -361,6 +385,7 @@ def rescore(model: LlamaModel, tokens: list[int], threads: int | None = None) ->
     cp.n_outputs_max = n
     cp.n_threads = cp.n_threads_batch = threads
     cp.no_perf = True
+    cp.flash_attn_type = 1 if flash_attn else 0
     ctx = L.llama_init_from_model(model.ptr, cp)
     batch = L.llama_batch_init(n, 0, 1)
     try:
@@ -373,11 +398,15 @@ def rescore(model: LlamaModel, tokens: list[int], threads: int | None = None) ->
         batch.n_tokens = n
         rc = L.llama_decode(ctx, batch)
         if rc != 0:
-            raise RuntimeError(f"rescore llama_decode failed ({rc})")
-        logits = np.ctypeslib.as_array(L.llama_get_logits(ctx), (n, model.n_vocab))
-        top2 = np.partition(logits, -2, axis=1)[:, -2:]
-        gap = (top2[:, 1] - top2[:, 0]).tolist()
-        return logits.argmax(axis=1).tolist(), gap
+            raise RuntimeError(f"score: llama_decode failed ({rc})")
+        return np.ctypeslib.as_array(L.llama_get_logits(ctx), (n, model.n_vocab)).copy()
     finally:
         L.llama_batch_free(batch)
         L.llama_free(ctx)
+
+
+def rescore(model: LlamaModel, tokens: list[int], **kw) -> tuple[list[int], list[float]]:
+    """The argmax after every position of a one-batch re-score, and its top-2 logit gap."""
+    logits = score(model, tokens, **kw)
+    top2 = np.partition(logits, -2, axis=1)[:, -2:]
+    return logits.argmax(axis=1).tolist(), (top2[:, 1] - top2[:, 0]).tolist()

@@ -1,0 +1,36 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/fakes.py
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ROOT / "fixtures" / "prompts"
+
+
+@pytest.fixture(scope="session")
+def default_model_path():
+    from adaspark_core.models import default_model
+
+    return default_model()
+
+
+@pytest.fixture(scope="session")
+def lm(default_model_path):
+    from adaspark_core.engine.llama import LlamaModel
+
+    model = LlamaModel(default_model_path)
+    yield model
+
+
+@pytest.fixture(scope="session")
+def target(lm):
+    from adaspark_core.engine.llama import LlamaTarget
+
+    return LlamaTarget(lm, n_ctx=2048)
+
+
+def prompt_tokens(lm, name):
+    return lm.chat_prompt([{"role": "user", "content": (PROMPTS / name).read_text()}])

@@ -1,0 +1,186 @@
+"""The real engine on the default model: tree verify, KV commit, greedy correctness."""
+
+import random
+
+import numpy as np
+
+import pytest
+
+from adaspark_core import tree
+from adaspark_core.engine.llama import rescore
+from adaspark_core.scheduler import Generation, parse_arm, run
+from adaspark_core.tree import ANCHOR, PICK, SIBLING
+
+from conftest import prompt_tokens
+
+PROMPT_NAMES = ["rewrite.txt", "explain.txt", "story.txt", "code.txt", "summary.txt", "list.txt"]
+ARMS = ["ar", "chain:3", "chain:8", "tree:2", "tree:4", "tree:8", "tree:16"]
+# Logit gap under which two tokens count as tied. With flash attention off, a verify of two rows
+# or more computes every row bit for bit as the one-batch re-score does; a one-row verify runs
+# another kernel, whose logits differ by up to 1.2 (measured on the default model) and whose
+# argmax differed from the re-score's at gaps of at most 0.28 over 348 tokens of six prompts.
+NEAR_TIE = 0.5
+
+
+
+def check_kv(target, sizes):
+    """Sequence 0 holds exactly positions 0..n_past-1, no other sequence holds a cell, and the
+    size of sequence 0's state is affine in the number of committed cells (no hidden extras)."""
+    assert target.seq_ranges() == {0: (0, target.n_past - 1)}
+    sizes.append((target.n_past, target.seq_state_bytes(0)))
+    (n0, b0), (n1, b1) = sizes[0], sizes[-1]
+    if n1 != n0:
+        per_cell = (b1 - b0) / (n1 - n0)
+        for n, b in sizes:
+            assert b == b0 + per_cell * (n - n0)
+
+
+def check_greedy(lm, prompt, reply, finish, widths):
+    """Every emitted token is the argmax of a one-batch re-score of the emitted sequence, except
+    near ties. ``widths[i]`` is the width of the verify that produced reply[i]. Returns the
+    near-tie mismatches as (from one-row verifies, from wider verifies)."""
+    seq = prompt + reply
+    argmax, gap = rescore(lm, seq)
+    near = [0, 0]
+    for i, tok in enumerate(reply):
+        at = len(prompt) + i - 1  # the row that predicts reply[i]
+        if argmax[at] != tok:
+            assert gap[at] < NEAR_TIE, f"token {i}: emitted {tok}, target argmax {argmax[at]} (gap {gap[at]:.3f})"
+            near[widths[i] > 1] += 1
+    if finish == "stop" and not lm.is_eog(argmax[len(seq) - 1]):
+        assert gap[len(seq) - 1] < NEAR_TIE, "stopped but the target's argmax is not an end token"
+        near[widths[-1] > 1] += 1
+    return near
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("arm", ARMS)
+def test_every_emitted_token_is_the_targets_argmax(lm, target, arm):
+    near = [0, 0]
+    total = 0
+    for name in PROMPT_NAMES:
+        prompt = prompt_tokens(lm, name)
+        gen = Generation(target, prompt, parse_arm(arm), max_tokens=64)
+        sizes = []
+        widths = []  # the width of the verify that produced each emitted token
+        for emitted in gen:
+            check_kv(target, sizes)
+            widths += [gen.last_width] * len(emitted)
+        if gen.finish == "stop":
+            widths.append(gen.last_width)
+        a, b = check_greedy(lm, prompt, gen.tokens, gen.finish, widths)
+        near = [near[0] + a, near[1] + b]
+        total += len(gen.tokens)
+    print(f"{arm}: near-tie mismatches in {total} tokens: {near[0]} from one-row verifies, {near[1]} from wider ones")
+
+
+@pytest.mark.model
+def test_a_tree_whose_spine_is_the_greedy_continuation_commits_it(lm, target):
+    """Every round, the spine is the next 6 tokens of an ``ar`` run from the committed text, with
+    two random siblings beside every spine node (one with a random child of its own). The tree must
+    commit the spine and the bonus, 7 tokens a round. The one-row kernel of ``ar`` may break a near
+    tie differently from the tree's multi-row kernel (paper 3.5); such a divergence must be a near
+    tie of the re-score, and the next round re-synchronises from the committed text."""
+    from adaspark_core.engine.llama import LlamaTarget
+
+    rng = random.Random(7)
+    ar_target = LlamaTarget(lm, n_ctx=1024)
+    prompt = prompt_tokens(lm, "explain.txt")
+    target.start(prompt)
+    done: list[int] = []
+    rounds = near = 0
+    sizes = []
+    while len(done) < 60:
+        spine = run(ar_target, prompt + done, parse_arm("ar"), max_tokens=7).tokens
+        assert len(spine) == 7, "the continuation ended early; pick a longer prompt"
+        cands = []
+        parent = ANCHOR
+        for tok in spine[:6]:
+            for _ in range(2):
+                cands.append(tree.child_of(cands, parent, rng.choice([t for t in range(100, 600) if t != tok]), SIBLING))
+            cands.append(tree.child_of(cands, len(cands) - 1, rng.randrange(100, 40000), SIBLING))
+            cands.append(tree.child_of(cands, parent, tok, PICK))
+            parent = len(cands) - 1
+        lay = tree.layout(target.anchor, cands, list(range(len(cands))))
+        assert lay.n_leaves == 13 and lay.width == 25
+        ver = target.verify(lay)
+        path, bonus = tree.accept_walk(lay, ver.argmax)
+        accepted = [lay.token[r] for r in path] + [bonus]
+        if accepted != spine[: len(accepted)]:
+            i = next(i for i, (a, b) in enumerate(zip(accepted, spine)) if a != b)
+            _, gap = rescore(lm, prompt + done + accepted[:i])
+            assert gap[-1] < NEAR_TIE, f"round {rounds}: the tree disagrees with ar at token {i}, gap {gap[-1]:.3f}"
+            near += 1
+        target.commit(lay, path, accepted[-1])
+        done += accepted
+        rounds += 1
+        check_kv(target, sizes)
+    ar_target.close()
+    print(f"spine test: {len(done)} tokens in {rounds} rounds, {near} near-tie divergences")
+    assert near <= 2 and len(done) / rounds >= 5
+
+
+def random_tree(rng, n, plausible, p_plausible=0.5):
+    """n candidates of random shape; a node at depth d takes plausible[d - 1] with probability
+    p_plausible (so some paths follow real text), else a random token."""
+    cands = []
+    for j in range(n):
+        parent = rng.choice([ANCHOR] + list(range(j)))
+        depth = 1 if parent == ANCHOR else cands[parent].depth + 1
+        use = depth <= len(plausible) and rng.random() < p_plausible
+        cands.append(tree.child_of(cands, parent, plausible[depth - 1] if use else rng.randrange(100, 40000), SIBLING))
+    return cands
+
+
+def row_path(lay, r):
+    path = []
+    while r > 0:
+        path.append(lay.token[r])
+        r = lay.parent_row[r]
+    return path[::-1]
+
+
+@pytest.mark.model
+def test_a_tree_row_sees_exactly_its_path(lm, target):
+    """Each row's logits are bit-identical when every token off its path changes (so the KV mask
+    hides everything but the committed prefix and the row's ancestors), and its argmax is the
+    re-score's for that path. The logits themselves may differ from the re-score's by rounding:
+    the tree's cells sit in another order in the cache, so attention sums in another order."""
+    rng = random.Random(3)
+    prompt = prompt_tokens(lm, "explain.txt")
+    greedy = run(target, prompt, parse_arm("ar"), max_tokens=12).tokens
+    committed = prompt + greedy[:4]
+    cands = random_tree(rng, 23, greedy[4:])
+    target.start(committed)
+    lay = tree.layout(target.anchor, cands, list(range(len(cands))))
+    assert lay.width == 24 and lay.n_leaves > 3
+    target.verify(lay)
+    rows = target.last_logits()
+    target.discard(lay)
+    assert target.seq_ranges() == {0: (0, target.n_past - 1)}
+    near = 0
+    for r in range(lay.width):
+        on_path = set()
+        x = r
+        while x > 0:
+            on_path.add(lay.cand[x])
+            x = lay.parent_row[x]
+        other = [tree.Candidate(c.token if j in on_path else (c.token * 31 + 7) % 40000 + 100, c.parent, c.source, c.depth)
+                 for j, c in enumerate(cands)]
+        lay2 = tree.layout(target.anchor, other, list(range(len(other))))
+        target.verify(lay2)
+        assert np.array_equal(target.last_logits()[r], rows[r]), f"row {r} depends on a token off its path"
+        target.discard(lay2)
+        argmax, gap = rescore(lm, committed + row_path(lay, r))
+        if argmax[-1] != int(rows[r].argmax()):
+            assert gap[-1] < NEAR_TIE
+            near += 1
+    assert near <= 2
+
+
+@pytest.mark.model
+def test_chat_template_and_eog(lm):
+    toks = lm.chat_prompt([{"role": "user", "content": "Hi"}])
+    text = b"".join(lm.piece_special(t) for t in toks).decode()
+    assert "<|im_start|>user" in text and text.rstrip().endswith("<|im_start|>assistant")
+    assert any(lm.is_eog(t) for t in lm.tokenize("<|im_end|>", special=True))
