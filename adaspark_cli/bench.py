@@ -88,14 +88,13 @@ def smoke(
     print(tabulate(rows, headers=["prompt", "arm", "tok/s", f"vs {arm_list[0].name}", "tok/round", "host ms/round", "tokens", f"same text as {arm_list[0].name}"]))
 
 
-def pinned_verify_ms(target: LlamaTarget, context: list[int], width: int, reps: int) -> tuple[float, float]:
+def pinned_verify_ms(target: LlamaTarget, width: int, reps: int) -> tuple[float, float]:
     """Median llama_decode time and median engine host time (ms) of a chain verify of ``width``
-    rows after ``context``, over ``reps`` verifies after two warm-ups. Each verify is discarded,
-    so all run at the same context. Host time = batch build + argmax read + (discard) work."""
+    rows at the target's current context, over ``reps`` verifies after two warm-ups. Each verify
+    is discarded, so all run at the same context. Host time = batch build + argmax read."""
     cands: list = []
     for k in range(width - 1):
         cands.append(tree.child_of(cands, ANCHOR if k == 0 else k - 1, 500 + k, NGRAM))
-    target.start(context)
     lay = tree.layout(target.anchor, cands, list(range(len(cands))))
     dec, host = [], []
     for _ in range(reps + 2):
@@ -125,8 +124,9 @@ def quant(
         for c in cs:
             ctx_tokens = [(i * 7919) % 30000 + 100 for i in range(c)]
             for name in (list(targets) if k == 0 else list(targets)[::-1]):
+                targets[name].start(ctx_tokens)
                 for w in (ws if k == 0 else ws[::-1]):
-                    times.setdefault((name, c, w), []).append(pinned_verify_ms(targets[name], ctx_tokens, w, reps)[0])
+                    times.setdefault((name, c, w), []).append(pinned_verify_ms(targets[name], w, reps)[0])
     table, out = [], []
     for c in cs:
         for name in targets:
@@ -155,13 +155,13 @@ def host(
     target = LlamaTarget(lm)
     ctx_tokens = [(i * 7919) % 30000 + 100 for i in range(1000)]
     table = []
+    target.start(ctx_tokens)
     for w in [int(x) for x in widths.split(",")]:
-        chain_dec, chain_host = pinned_verify_ms(target, ctx_tokens, w, reps)
+        chain_dec, chain_host = pinned_verify_ms(target, w, reps)
         # a bushy tree: every node below the anchor a leaf, so w-1 sequences to copy and drop
         cands: list = []
         for k in range(w - 1):
             cands.append(tree.child_of(cands, ANCHOR, 500 + k, NGRAM))
-        target.start(ctx_tokens)
         lay = tree.layout(target.anchor, cands, list(range(len(cands))))
         hosts = []
         for _ in range(reps + 2):

@@ -192,3 +192,17 @@ def test_chat_template_and_eog(lm):
     text = b"".join(lm.piece_special(t) for t in toks).decode()
     assert "<|im_start|>user" in text and text.rstrip().endswith("<|im_start|>assistant")
     assert any(lm.is_eog(t) for t in lm.tokenize("<|im_end|>", special=True))
+
+
+@pytest.mark.model
+def test_a_reply_stops_at_the_context_limit(lm):
+    from adaspark_core.engine.llama import LlamaTarget
+
+    small = LlamaTarget(lm, n_ctx=128)
+    prompt = prompt_tokens(lm, "rewrite.txt")[:100]
+    gen = Generation(small, prompt, parse_arm("tree:16"), max_tokens=1000)
+    sizes = []
+    for _ in gen:
+        check_kv(small, sizes)
+    assert gen.finish == "context" and len(prompt) + len(gen.tokens) == 128
+    small.close()

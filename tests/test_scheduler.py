@@ -96,3 +96,11 @@ def test_read_log_names_a_bad_line(tmp_path):
     path.write_text('{"schema": 99}\n')
     with pytest.raises(ValueError, match="schema"):
         list(read_log(path))
+
+
+def test_trees_on_a_recurrent_model_are_refused_with_a_clear_message():
+    t = FakeTarget(cyclic(SEQ))
+    t.supports_trees = False
+    with pytest.raises(InputError, match="recurrent"):
+        run(t, SEQ, parse_arm("tree:8"), max_tokens=5)
+    assert run(t, SEQ * 2, parse_arm("chain:4"), max_tokens=5).tokens == [11, 12, 13, 14, 15]

@@ -1,0 +1,92 @@
+"""The decode command end to end: output shapes, streaming, logging and bad input."""
+
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+from adaspark_core.record import read_log
+
+from conftest import PROMPTS
+
+
+def adaspark(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "adaspark_cli.main", *map(str, args)],
+                          input=stdin, capture_output=True, text=True, timeout=300)
+
+
+def assert_one_error_line(res, *words):
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("adaspark: error: "), res.stderr
+    for w in words:
+        assert w in lines[0]
+    assert res.stdout == ""
+
+
+def test_missing_prompt_file(tmp_path):
+    assert_one_error_line(adaspark("decode", tmp_path / "nope.txt"), "not found")
+
+
+def test_empty_prompt_file(tmp_path):
+    p = tmp_path / "empty.txt"
+    p.write_text("  \n")
+    assert_one_error_line(adaspark("decode", p), "empty")
+
+
+def test_non_gguf_model(tmp_path):
+    m = tmp_path / "model.gguf"
+    m.write_text("this is not a model")
+    assert_one_error_line(adaspark("decode", PROMPTS / "story.txt", "--model", m), "not a GGUF")
+
+
+def test_missing_model(tmp_path):
+    assert_one_error_line(adaspark("decode", PROMPTS / "story.txt", "--model", tmp_path / "x.gguf"), "not found")
+
+
+def test_corrupt_gguf_model(tmp_path):
+    m = tmp_path / "broken.gguf"
+    m.write_bytes(b"GGUF" + bytes(range(256)) * 4)
+    assert_one_error_line(adaspark("decode", PROMPTS / "story.txt", "--model", m), "could not load")
+
+
+def test_unknown_arm():
+    assert_one_error_line(adaspark("decode", PROMPTS / "story.txt", "--arm", "beam:3"), "unknown arm")
+
+
+@pytest.mark.model
+def test_prompt_longer_than_the_context():
+    assert_one_error_line(adaspark("decode", PROMPTS / "rewrite.txt", "--n-ctx", 64), "context")
+
+
+@pytest.mark.model
+def test_json_output_and_log(tmp_path):
+    log = tmp_path / "rounds.jsonl"
+    res = adaspark("decode", PROMPTS / "rewrite.txt", "--arm", "tree:8", "--max-tokens", 40, "--json", "--log", log)
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)
+    assert out["arm"] == "tree:8" and out["finish"] in ("stop", "length")
+    assert out["generated_tokens"] <= 40 and out["text"].strip()
+    assert sum(out["widths"].values()) == out["rounds"] == sum(out["accepted"].values())
+    recs = list(read_log(log))
+    assert len(recs) == out["rounds"] and recs[0].first and recs[-1].last
+    assert sum(len(r.emitted) for r in recs) == out["generated_tokens"]
+    assert all(r.times.verify > 0 and r.times.decode > 0 for r in recs)
+
+
+@pytest.mark.model
+def test_streamed_text_equals_json_text_and_stdin_works():
+    prompt = (PROMPTS / "list.txt").read_text()
+    streamed = adaspark("decode", "-", "--arm", "chain:3", "--max-tokens", 30, stdin=prompt)
+    as_json = adaspark("decode", "-", "--arm", "chain:3", "--max-tokens", 30, "--json", stdin=prompt)
+    assert streamed.returncode == 0 and as_json.returncode == 0
+    assert streamed.stdout == orjson.loads(as_json.stdout)["text"] + "\n"
+    assert "tokens/round" in streamed.stderr and "widths" in streamed.stderr
+
+
+@pytest.mark.model
+def test_raw_mode():
+    res = adaspark("decode", "-", "--raw", "--max-tokens", 12, "--json", stdin="The capital of France is")
+    assert res.returncode == 0, res.stderr
+    assert orjson.loads(res.stdout)["prompt_tokens"] < 12
