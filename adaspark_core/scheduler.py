@@ -206,7 +206,8 @@ class Stats:
 class Generation:
     """One request decoded greedily round by round. Iterate it for the emitted tokens of each
     round (an empty list for a round that emitted nothing new, e.g. only the end token); after
-    the loop ``finish``, ``stats`` and ``text_tokens`` describe the reply."""
+    the loop ``finish``, ``stats`` and ``tokens`` describe the reply. Every round builds its
+    RoundRecord (``last_record``), which the log and, later, the online learners consume."""
 
     def __init__(
         self,
@@ -233,10 +234,8 @@ class Generation:
         self.index.extend(self.prompt)
         self.tokens: list[int] = []  # the reply, end token excluded
         self.finish: str | None = None
-        self.last_width = 0  # rows of the latest verify
+        self.last_record: RoundRecord | None = None
         self.stats = Stats()
-        self.records: list[RoundRecord] = []
-        self.keep_records = False
 
     def __iter__(self) -> Iterator[list[int]]:
         target = self.target
@@ -246,12 +245,16 @@ class Generation:
         while self.finish is None:
             # A round never commits past the context (see the depth limit in _round), and the
             # prompt leaves room for one token, so room() >= 1 here.
-            rec, emitted = self._round(rnd, target.room())
+            emitted = self._round(rnd, target.room())
             rnd += 1
             self.stats.delta(len(emitted), self.clock())
             yield emitted
 
-    def _round(self, rnd: int, room: int) -> tuple[RoundRecord, list[int]]:
+    @property
+    def last_width(self) -> int:
+        return self.last_record.width if self.last_record else 0
+
+    def _round(self, rnd: int, room: int) -> list[int]:
         target, arm, st = self.target, self.arm, self.stats
         t0 = self.clock()
         anchor = target.anchor
@@ -276,7 +279,6 @@ class Generation:
             finish = CONTEXT
         self.finish = finish
         draft_ms = (t1 - t0) * 1e3
-        self.last_width = p.width
         st.rounds += 1
         st.widths[p.width] += 1
         st.accepted[len(path_rows)] += 1
@@ -307,9 +309,8 @@ class Generation:
         )
         if self.log is not None:
             self.log.write(rec)
-        if self.keep_records:
-            self.records.append(rec)
-        return rec, emitted
+        self.last_record = rec
+        return emitted
 
 
 def run(target: Target, prompt: list[int], arm: Arm, max_tokens: int, **kw) -> Generation:
