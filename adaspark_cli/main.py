@@ -33,11 +33,21 @@ def fail(message: str) -> None:
 
 @contextmanager
 def reported():
-    """Turn the core's input errors into one line and exit code 2."""
+    """Turn the core's input errors into one line and exit code 2; end quietly when the reader
+    of stdout goes away (``| head``) or the user interrupts."""
     try:
         yield
     except InputError as e:
         fail(str(e))
+    except BrokenPipeError:
+        # Point stdout at devnull so the interpreter's final flush does not fail again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0)
+    except KeyboardInterrupt:
+        typer.echo("", err=True)
+        raise typer.Exit(130)
 
 
 def read_prompt(path: str) -> str:
@@ -89,46 +99,48 @@ def decode(
         else:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
             prompt = lm.chat_prompt(messages)
-        if len(prompt) >= target.n_ctx:
-            raise InputError(f"the prompt has {len(prompt)} tokens; the context holds {target.n_ctx} (use --n-ctx)")
-        round_log = RoundLog(log) if log else None
-        gen = Generation(target, prompt, the_arm, max_tokens, request_id=Path(prompt_file).name, log=round_log)
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        out = sys.stdout
-        parts: list[str] = []
+        gen = Generation(target, prompt, the_arm, max_tokens, request_id=Path(prompt_file).name)
         try:
-            for emitted in gen:
-                piece = utf8.decode(b"".join(lm.piece(t) for t in emitted))
-                if as_json:
-                    parts.append(piece)
-                elif piece:
-                    out.write(piece)
-                    out.flush()
-            tail = utf8.decode(b"", final=True)
+            gen.log = RoundLog(log) if log else None
+        except OSError as e:
+            raise InputError(f"cannot write the round log {log}: {e.strerror}") from None
+        try:
+            text_out = stream(gen, lm.piece, to=None if as_json else sys.stdout)
         finally:
-            if round_log:
-                round_log.close()
-    st = gen.stats
-    summary = {
-        "model": str(lm.path),
-        "arm": the_arm.name,
-        "prompt_tokens": len(prompt),
-        "finish": gen.finish,
-        **st.to_json(),
-    }
-    if as_json:
-        out.write(orjson.dumps({"text": "".join(parts) + tail, **summary}).decode() + "\n")
-        return
-    out.write(tail + "\n")
-    out.flush()
-    tps = f"{st.decode_tps:.1f} tok/s" if st.decode_tps else "n/a (one delta)"
-    typer.echo(
-        f"[{the_arm.name}] {st.generated} tokens in {st.rounds} rounds "
-        f"({st.tokens_per_round:.2f} tokens/round), decode {tps}, finish {gen.finish}\n"
-        f"  widths (rows: rounds)      {histogram(st.widths)}\n"
-        f"  accepted (drafts: rounds)  {histogram(st.accepted)}",
-        err=True,
-    )
+            if gen.log:
+                gen.log.close()
+        st = gen.stats
+        if as_json:
+            summary = {"model": str(lm.path), "arm": the_arm.name, "prompt_tokens": len(prompt), "finish": gen.finish}
+            sys.stdout.write(orjson.dumps({"text": text_out, **summary, **st.to_json()}).decode() + "\n")
+            return
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        tps = f"{st.decode_tps:.1f} tok/s" if st.decode_tps else "n/a (one delta)"
+        typer.echo(
+            f"[{the_arm.name}] {st.generated} tokens in {st.rounds} rounds "
+            f"({st.tokens_per_round:.2f} tokens/round), decode {tps}, finish {gen.finish}\n"
+            f"  widths (rows: rounds)      {histogram(st.widths)}\n"
+            f"  accepted (drafts: rounds)  {histogram(st.accepted)}",
+            err=True,
+        )
+
+
+def stream(gen, piece, to=None) -> str:
+    """Run a generation, decoding its tokens to text as they come (UTF-8 sequences may span
+    tokens); write each round's text to ``to`` when given. Returns the whole text."""
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    parts: list[str] = []
+    for emitted in gen:
+        text = utf8.decode(b"".join(piece(t) for t in emitted))
+        parts.append(text)
+        if to is not None and text:
+            to.write(text)
+            to.flush()
+    parts.append(utf8.decode(b"", final=True))
+    if to is not None:
+        to.write(parts[-1])
+    return "".join(parts)
 
 
 if __name__ == "__main__":

@@ -221,8 +221,14 @@ class Generation:
     ):
         if arm.needs_tree and not target.supports_trees:
             raise InputError(f"arm {arm.name} needs tree verification, which recurrent/hybrid models cannot do; use chain:N or ar")
+        if arm.max_width > 1 and not target.supports_chains:
+            raise InputError(f"arm {arm.name} needs to roll back rejected drafts, which this recurrent model cannot do; use ar")
         if max_tokens < 1:
             raise InputError("max tokens must be at least 1")
+        if not prompt:
+            raise InputError("the prompt is empty after tokenisation")
+        if len(prompt) >= target.n_ctx:
+            raise InputError(f"the prompt has {len(prompt)} tokens; the context holds {target.n_ctx} (use --n-ctx)")
         self.target = target
         self.arm = arm
         self.max_tokens = max_tokens

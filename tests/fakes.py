@@ -12,6 +12,7 @@ from adaspark_core.tree import Layout
 
 class FakeTarget:
     supports_trees = True
+    supports_chains = True
 
     def __init__(self, next_token: Callable[[list[int]], int], n_ctx: int = 4096, eog: int = 0, n_vocab: int = 1000):
         self.next_token = next_token

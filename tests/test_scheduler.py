@@ -104,3 +104,7 @@ def test_trees_on_a_recurrent_model_are_refused_with_a_clear_message():
     with pytest.raises(InputError, match="recurrent"):
         run(t, SEQ, parse_arm("tree:8"), max_tokens=5)
     assert run(t, SEQ * 2, parse_arm("chain:4"), max_tokens=5).tokens == [11, 12, 13, 14, 15]
+    t.supports_chains = False  # no recurrent-state rollback: one row per round only
+    with pytest.raises(InputError, match="roll back"):
+        run(t, SEQ, parse_arm("chain:4"), max_tokens=5)
+    assert run(t, SEQ * 2, parse_arm("ar"), max_tokens=3).tokens == [11, 12, 13]

@@ -22,6 +22,9 @@ class Target(Protocol):
     n_ctx: int
     n_vocab: int
     supports_trees: bool  # False for recurrent/hybrid models: chains only
+    supports_chains: bool  # False for a recurrent model that cannot roll back: one row a round
+    n_past: int  # committed tokens in the KV cache; the anchor sits at this position
+    anchor: int | None  # the last committed token, row 0 of the next verify
 
     def tokenize(self, text: str, special: bool = True) -> list[int]: ...
     def chat_prompt(self, messages: list[dict]) -> list[int]: ...
@@ -33,6 +36,9 @@ class Target(Protocol):
     def verify(self, lay: Layout) -> Verified:
         """Run the layout's rows in one forward pass; the anchor sits at the next position."""
 
-    def commit(self, lay: Layout, keep_rows: list[int]) -> float:
-        """Keep the anchor and ``keep_rows`` (a path from it) in the KV cache; drop every other
-        row. Returns the milliseconds it took."""
+    def room(self) -> int:
+        """How many more tokens the context can take after the anchor."""
+
+    def commit(self, lay: Layout, keep_rows: list[int], next_anchor: int) -> float:
+        """Keep the anchor and ``keep_rows`` (a path from it) in the KV cache, drop every other
+        row, and make ``next_anchor`` the new anchor. Returns the milliseconds it took."""

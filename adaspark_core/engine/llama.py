@@ -218,10 +218,9 @@ class LlamaTarget:
         self.ctx = L.llama_init_from_model(model.ptr, cp)
         if not self.ctx:
             raise InputError(f"llama.cpp could not create a context of {self.n_ctx} tokens for {model.path.name}")
-        if model.recurrent and L.llama_n_rs_seq(self.ctx) == 0:
-            self.max_chain_ok = False  # no rollback: only one row per round
-        else:
-            self.max_chain_ok = True
+        # A recurrent state cannot drop a rejected tail unless llama.cpp keeps snapshots to roll
+        # back to; without them only one row per round is exact.
+        self.supports_chains = not model.recurrent or L.llama_n_rs_seq(self.ctx) > 0
         self.mem = L.llama_get_memory(self.ctx)
         self._cap = cp.n_batch
         self.batch = L.llama_batch_init(self._cap, 0, self.n_seq)
@@ -268,10 +267,8 @@ class LlamaTarget:
 
     def start(self, tokens: list[int]) -> None:
         """Clear the KV cache and prefill ``tokens[:-1]``; ``tokens[-1]`` becomes the anchor."""
-        if not tokens:
-            raise InputError("the prompt is empty after tokenisation")
-        if len(tokens) >= self.n_ctx:
-            raise InputError(f"the prompt has {len(tokens)} tokens; the context holds {self.n_ctx} (use --n-ctx)")
+        if not 0 < len(tokens) < self.n_ctx:
+            raise ValueError(f"cannot start with {len(tokens)} tokens in a context of {self.n_ctx}")
         L.llama_memory_clear(self.mem, True)
         self.n_past = 0
         self._synced = [0] * self.n_seq
@@ -309,7 +306,7 @@ class LlamaTarget:
         chain = lay.is_chain
         if not chain and not self.supports_trees:
             raise ValueError("recurrent/hybrid models verify chains only")
-        if w > 1 and not self.max_chain_ok:
+        if w > 1 and not self.supports_chains:
             raise ValueError("this recurrent model cannot roll back a chain; only one row per round")
         if self.n_past + lay.max_depth >= self.n_ctx:
             raise ValueError("the tree runs past the context")
