@@ -82,8 +82,12 @@ def decode(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (text and statistics) instead of streaming."),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", min=16, help="Context size (default: the model's, at most 8192)."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads (default: all)."),
+    store: Optional[Path] = typer.Option(None, "--store", help="Learned state for the learning arms (default: one per model and machine, in the cache)."),
 ) -> None:
-    """Decode a reply to PROMPT_FILE, streaming it to stdout; a summary goes to stderr."""
+    """Decode a reply to PROMPT_FILE, streaming it to stdout; a summary goes to stderr.
+
+    Arms: ar, chain:N (at most N draft tokens), tree:N (N rows), pinned:N (N rows, learners on),
+    cost (learned width, no n-gram), adaspark (learned width with n-gram candidates)."""
     from adaspark_core.engine.llama import LlamaModel, LlamaTarget
     from adaspark_core.models import resolve_model
     from adaspark_core.record import RoundLog
@@ -99,7 +103,9 @@ def decode(
         else:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
             prompt = lm.chat_prompt(messages)
-        gen = Generation(target, prompt, the_arm, max_tokens, request_id=Path(prompt_file).name)
+        learned = open_learned(store, lm.path) if the_arm.learns else None
+        policy = learned[1] if learned else None
+        gen = Generation(target, prompt, the_arm, max_tokens, request_id=Path(prompt_file).name, policy=policy)
         try:
             gen.log = RoundLog(log) if log else None
         except OSError as e:
@@ -109,6 +115,8 @@ def decode(
         finally:
             if gen.log:
                 gen.log.close()
+            if learned:
+                save_learned(learned, gen.stats.rounds)
         st = gen.stats
         if as_json:
             summary = {"model": str(lm.path), "arm": the_arm.name, "prompt_tokens": len(prompt), "finish": gen.finish}
@@ -124,6 +132,27 @@ def decode(
             f"  accepted (drafts: rounds)  {histogram(st.accepted)}",
             err=True,
         )
+
+
+WIDTH_SECTION = "width"  # the store section of the cost model and chooser
+
+
+def open_learned(path: Optional[Path], model_path: Path):
+    """(store, width policy) for a learning arm: the policy restored from the store, or fresh."""
+    from adaspark_core.chooser import AdaptiveWidth
+    from adaspark_core.store import Store, default_store_path, fingerprint
+
+    fp = fingerprint(model_path)
+    st = Store.open(path or default_store_path(fp), fp)
+    saved = st.get(WIDTH_SECTION)
+    return st, (AdaptiveWidth.from_state(saved) if saved else AdaptiveWidth())
+
+
+def save_learned(learned, rounds: int) -> None:
+    st, policy = learned
+    st.put(WIDTH_SECTION, policy.state())
+    st.bump(requests=1, rounds=rounds)
+    st.save()
 
 
 def stream(gen, piece, to=None) -> str:

@@ -56,6 +56,8 @@ class RoundRecord:
     bonus: int  # the target's argmax at the deepest accepted row
     emitted: list[int]  # tokens this round added to the reply (after stop truncation)
     times: Timing
+    measure: int | None = None  # the width a cold-start round measures (adaptive arms)
+    reach: int = 0  # the most rows this round's candidate sources could have filled
     first: bool = False  # the request's first round
     last: bool = False  # the request's last round
     finish: str | None = None  # on the last round: stop, length or context

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from . import tree
-from .engine.base import Target
+from .chooser import AdaptiveWidth
+from .engine.base import Drafter, Target
 from .errors import InputError
 from .ngram import SuffixIndex
 from .record import RoundLog, RoundRecord, Timing
@@ -30,50 +31,70 @@ MAX_CHAIN_DEPTH = 32  # n-gram chains stop 32 tokens below the anchor (Table 14)
 STOP, LENGTH, CONTEXT = "stop", "length", "context"
 
 
+ADAPTIVE_MAX_WIDTH = 64  # the widest rung of the cost model's ladder
+
+
 @dataclass(frozen=True, slots=True)
 class Arm:
-    """How a round's width is set. ``kind`` is ar, chain or tree; ``n`` its size."""
+    """How a round's width is set.
+
+    ``ar``: one row. ``chain:N``: the candidate chain, at most N draft tokens (N + 1 rows).
+    ``tree:N``: the best-first prefix of N rows, no learned models. ``pinned:N``: N rows with the
+    rest of the adaptive scheduler running (its learners learn; they do not choose). ``cost``: the
+    cost model's width over the drafter's candidates only (no n-gram). ``adaspark``: the cost
+    model's width over the drafter's and the n-gram's candidates.
+    """
 
     kind: str
     n: int = 1
 
     @property
     def name(self) -> str:
-        return "ar" if self.kind == "ar" else f"{self.kind}:{self.n}"
+        return self.kind if self.kind in ("ar", "cost", "adaspark") else f"{self.kind}:{self.n}"
 
     @property
     def max_width(self) -> int:
-        return {"ar": 1, "chain": self.n + 1, "tree": self.n}[self.kind]
+        return {"ar": 1, "chain": self.n + 1, "tree": self.n, "pinned": self.n}.get(self.kind, ADAPTIVE_MAX_WIDTH)
+
+    @property
+    def adaptive(self) -> bool:
+        """The cost model and chooser set the width."""
+        return self.kind in ("cost", "adaspark")
+
+    @property
+    def learns(self) -> bool:
+        """The online learners see this arm's rounds."""
+        return self.kind in ("cost", "adaspark", "pinned")
+
+    @property
+    def uses_ngram(self) -> bool:
+        return self.kind != "cost"
 
     @property
     def needs_tree(self) -> bool:
-        return self.kind == "tree" and self.n > 2
-
-    def offered(self) -> list[int]:
-        return [self.max_width]
+        return self.max_width > 2 and self.kind != "chain"
 
     def choose(self, n_cands: int) -> int:
-        """The width verified when ``n_cands`` candidates were proposed. A fixed arm verifies its
-        width, or every candidate when fewer were proposed (the tree comes out narrower)."""
+        """The width a fixed arm verifies when ``n_cands`` candidates were proposed: its width, or
+        every candidate when fewer were proposed (the tree comes out narrower)."""
         return min(self.max_width, n_cands + 1)
 
 
-_ARM = re.compile(r"^(ar|chain:(\d+)|tree:(\d+))$")
+_ARM = re.compile(r"^(?:(ar|cost|adaspark)|(chain|tree|pinned):(\d+))$")
 
 
 def parse_arm(spec: str, max_width: int = 64) -> Arm:
     m = _ARM.match(spec.strip())
     if not m:
-        raise InputError(f"unknown arm {spec!r}: use ar, chain:N or tree:N")
-    if m.group(1) == "ar":
-        return Arm("ar")
-    kind, n = ("chain", int(m.group(2))) if m.group(2) is not None else ("tree", int(m.group(3)))
-    arm = Arm(kind, n)
+        raise InputError(f"unknown arm {spec!r}: use ar, chain:N, tree:N, pinned:N, cost or adaspark")
+    if m.group(1):
+        return Arm(m.group(1))
+    arm = Arm(m.group(2), int(m.group(3)))
     if arm.max_width < 1:
         raise InputError(f"arm {spec!r}: a verify has at least one row")
     if arm.max_width > max_width:
         raise InputError(f"arm {spec!r} verifies {arm.max_width} rows; the most is {max_width}")
-    if arm.max_width == 1:
+    if arm.max_width == 1 and arm.kind != "pinned":
         return Arm("ar")
     return arm
 
@@ -96,36 +117,59 @@ def prior_q(c: Candidate) -> float:
     raise ValueError(f"unknown source {c.source!r}")
 
 
-def draft(index: SuffixIndex, depth_limit: int) -> list[Candidate]:
-    """Candidates for one round: the n-gram chain from the anchor (no model drafter yet)."""
+def draft(drafter: Drafter | None, index: SuffixIndex | None, depth_limit: int) -> list[Candidate]:
+    """Candidates for one round: the drafter's, then the n-gram chain from the anchor (when an
+    index is given), each priced by ``prior_q``."""
     if depth_limit <= 0:
         return []
-    toks, match_len = index.chain(min(depth_limit, MAX_CHAIN_DEPTH))
-    cands: list[Candidate] = []
+    cands = drafter.propose(depth_limit) if drafter is not None else []
+    if index is not None:
+        add_ngram_chain(cands, index, min(depth_limit, MAX_CHAIN_DEPTH))
+    for c in cands:
+        c.q = prior_q(c)
+    return cands
+
+
+def add_ngram_chain(cands: list[Candidate], index: SuffixIndex, depth_limit: int) -> None:
+    """Append the index's chain from the anchor to ``cands``. Where a chain step equals a
+    candidate already there, that candidate is marked agreed and the chain goes on below it;
+    otherwise the step becomes an n-gram node (paper 3.3; the full fill is a later issue)."""
+    toks, match_len = index.chain(depth_limit)
+    kids: dict[tuple[int, int], int] = {(c.parent, c.token): j for j, c in enumerate(cands)}
     parent = ANCHOR
     for t in toks:
-        c = tree.child_of(cands, parent, t, NGRAM, evidence=match_len)
-        c.q = prior_q(c)
-        cands.append(c)
-        parent = len(cands) - 1
-    return cands
+        j = kids.get((parent, t))
+        if j is None:
+            cands.append(tree.child_of(cands, parent, t, NGRAM, evidence=match_len))
+            j = len(cands) - 1
+        elif cands[j].source != NGRAM:
+            cands[j].agreed = True
+        parent = j
 
 
 @dataclass(slots=True)
 class Plan:
     order: list[int]
-    expected: list[float]  # S(n) for n = 1 .. len(order) + 1
     width: int
     layout: tree.Layout
+    offered: list[int]
+    prices: list[float] | None = None
+    measure: int | None = None
 
 
-def plan(anchor: int, cands: list[Candidate], arm: Arm, max_rows: int) -> Plan:
-    """Order the candidates best first, choose the width and lay the prefix out depth first."""
-    big_q = tree.path_products(cands)
-    order = tree.best_first(big_q)
-    width = min(arm.choose(len(cands)), max_rows)
+def plan(anchor: int, cands: list[Candidate], cand_dicts: list[dict], arm: Arm, max_rows: int,
+         context: int, policy: AdaptiveWidth | None) -> Plan:
+    """Order the candidates best first (Proposition 1), choose the width (the arm's, or the
+    adaptive policy's) and lay the prefix out depth first."""
+    order = tree.best_first(tree.path_products(cands))
+    if arm.adaptive:
+        dec = policy.decide(cand_dicts, order, context, policy.cost.d_now(), max_rows)
+        width, offered, prices, measure = dec.width, dec.offered, dec.prices, dec.measure
+    else:
+        width, offered, prices, measure = min(arm.max_width, max_rows), [arm.max_width], None, None
+    width = min(width, len(cands) + 1)  # a tree with fewer candidates comes out narrower
     lay = tree.layout(anchor, cands, tree.prefix(order, width))
-    return Plan(order, tree.expected_accepted(big_q, order), width, lay)
+    return Plan(order, width, lay, offered, prices, measure)
 
 
 def stop_cut(accepted: list[int], is_eog: Callable[[int], bool], budget: int) -> tuple[int, str | None]:
@@ -218,6 +262,8 @@ class Generation:
         request_id: str = "r0",
         log: RoundLog | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        drafter: Drafter | None = None,
+        policy: AdaptiveWidth | None = None,
     ):
         if arm.needs_tree and not target.supports_trees:
             raise InputError(f"arm {arm.name} needs tree verification, which recurrent/hybrid models cannot do; use chain:N or ar")
@@ -236,8 +282,10 @@ class Generation:
         self.log = log
         self.clock = clock
         self.prompt = list(prompt)
-        self.index = SuffixIndex()
-        self.index.extend(self.prompt)
+        self.drafter = drafter
+        self.index = SuffixIndex() if arm.uses_ngram else None
+        # The learned width policy persists across requests: pass the same one to every request.
+        self.policy = policy if policy is not None or not arm.learns else AdaptiveWidth()
         self.tokens: list[int] = []  # the reply, end token excluded
         self.finish: str | None = None
         self.last_record: RoundRecord | None = None
@@ -247,6 +295,10 @@ class Generation:
         target = self.target
         self.stats.t_start = self.clock()
         target.start(self.prompt)
+        if self.index is not None:
+            self.index.extend(self.prompt)
+        if self.drafter is not None:
+            self.drafter.start(self.prompt)
         rnd = 0
         while self.finish is None:
             # A round never commits past the context (see the depth limit in _round), and the
@@ -266,10 +318,13 @@ class Generation:
         anchor = target.anchor
         context = target.n_past + 1  # committed tokens, the anchor included
         depth_limit = min(arm.max_width - 1, room - 1)
-        cands = draft(self.index, depth_limit) if arm.max_width > 1 else []
+        cands = draft(self.drafter, self.index, depth_limit) if arm.max_width > 1 else []
+        reach = 1 + (min(self.drafter.capacity, depth_limit * 64) if self.drafter else 0) + (
+            min(depth_limit, MAX_CHAIN_DEPTH) if self.index is not None else 0)
+        cand_dicts = [c.to_dict() for c in cands]
         # Cells: the committed prefix plus the verify's rows must fit the context.
         max_rows = max(1, min(arm.max_width, target.n_ctx - target.n_past))
-        p = plan(anchor, cands, arm, max_rows)
+        p = plan(anchor, cands, cand_dicts, arm, max_rows, context, self.policy)
         t1 = self.clock()
         ver = target.verify(p.layout)
         path_rows, bonus = tree.accept_walk(p.layout, ver.argmax)
@@ -278,7 +333,10 @@ class Generation:
         n_commit, finish = stop_cut(accepted, target.is_eog, budget)
         committed = accepted[:n_commit]
         commit_ms = target.commit(p.layout, path_rows[: n_commit - 1], committed[-1])
-        self.index.extend(committed)
+        if self.index is not None:
+            self.index.extend(committed)
+        if self.drafter is not None:
+            self.drafter.extend(committed)
         emitted = committed[:-1] if finish == STOP else committed
         self.tokens.extend(emitted)
         if finish is None and target.room() <= 0:
@@ -297,10 +355,12 @@ class Generation:
             context=context,
             arm=arm.name,
             anchor=anchor,
-            candidates=[c.to_dict() for c in cands],
+            candidates=cand_dicts,
             order=p.order,
-            offered=arm.offered(),
-            prices=None,
+            offered=p.offered,
+            prices=p.prices,
+            measure=p.measure,
+            reach=reach,
             width=p.width,
             rows=p.layout.cand,
             argmax=ver.argmax,
@@ -315,6 +375,8 @@ class Generation:
         )
         if self.log is not None:
             self.log.write(rec)
+        if self.policy is not None and arm.learns:
+            self.policy.learn(rec)
         self.last_record = rec
         return emitted
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..tree import Layout
+from ..tree import Candidate, Layout
 
 
 @dataclass(slots=True)
@@ -42,3 +42,21 @@ class Target(Protocol):
     def commit(self, lay: Layout, keep_rows: list[int], next_anchor: int) -> float:
         """Keep the anchor and ``keep_rows`` (a path from it) in the KV cache, drop every other
         row, and make ``next_anchor`` the new anchor. Returns the milliseconds it took."""
+
+
+class Drafter(Protocol):
+    """A model candidate source, one request at a time (paper 2.1-2.2). The n-gram fill is not a
+    drafter: the scheduler adds its chains to whatever the drafter proposes."""
+
+    name: str
+    capacity: int  # the most candidates one proposal can hold (e.g. B x K for a block drafter)
+
+    def start(self, tokens: list[int]) -> None:
+        """A new request whose committed tokens so far are ``tokens`` (the last is the anchor)."""
+
+    def extend(self, tokens: list[int]) -> None:
+        """``tokens`` were committed by a round (the last is the new anchor)."""
+
+    def propose(self, depth_limit: int) -> list[Candidate]:
+        """Candidates below the anchor, parents before children, none deeper than
+        ``depth_limit``. Features (h, share) set; ``q`` is left to the pricing model."""

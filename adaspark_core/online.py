@@ -1,0 +1,96 @@
+"""Online solvers shared by the learners: FTRL-Proximal and decayed averages.
+
+FTRL-Proximal is McMahan et al. (2013), per coordinate, with the paper's two additions (Table 14):
+the accumulated squared gradient is capped (a floor on the learning rate, so a law can follow a
+machine that drifts) and coordinates can be bounded below (non-negative context coefficients).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class FTRL:
+    """Per-coordinate FTRL-Proximal on a linear model w . x.
+
+    ``alpha``, ``beta``: learning rate and stabiliser; ``l1``, ``l2``: penalties; ``n_cap``: cap on
+    each coordinate's accumulated squared gradient; ``lower``: per-coordinate lower bounds (None
+    for unbounded), applied by projection when the weights are read.
+    """
+
+    def __init__(self, dim: int, alpha: float = 0.05, beta: float = 1.0, l1: float = 0.0, l2: float = 0.0,
+                 n_cap: float = 400.0, lower: list[float | None] | None = None, center: list[float] | None = None):
+        self.alpha, self.beta, self.l1, self.l2, self.n_cap = alpha, beta, l1, l2, n_cap
+        self.lower = list(lower) if lower is not None else [None] * dim
+        # The penalties pull toward ``center`` (a prior), not toward zero: FTRL runs on the
+        # deviation from it.
+        self.center = list(center) if center is not None else [0.0] * dim
+        self.z = [0.0] * dim
+        self.n = [0.0] * dim
+        self._w: list[float] | None = None
+
+    def weights(self) -> list[float]:
+        if self._w is None:
+            w = []
+            for z, n, lo, c in zip(self.z, self.n, self.lower, self.center):
+                wi = c
+                if abs(z) > self.l1:
+                    wi -= (z - math.copysign(self.l1, z)) / ((self.beta + math.sqrt(n)) / self.alpha + self.l2)
+                if lo is not None and wi < lo:
+                    wi = lo
+                w.append(wi)
+            self._w = w
+        return self._w
+
+    def predict(self, x: list[float]) -> float:
+        return sum(wi * xi for wi, xi in zip(self.weights(), x))
+
+    def update(self, x: list[float], dloss_dpred: float) -> None:
+        """One step on a loss whose derivative with respect to the prediction is ``dloss_dpred``."""
+        w = self.weights()
+        for i, xi in enumerate(x):
+            if xi == 0.0:
+                continue
+            g = dloss_dpred * xi
+            n_old = self.n[i]
+            n_new = min(n_old + g * g, self.n_cap)
+            sigma = (math.sqrt(n_new) - math.sqrt(n_old)) / self.alpha
+            self.z[i] += g - sigma * (w[i] - self.center[i])
+            self.n[i] = n_new
+        self._w = None
+
+    def state(self) -> dict:
+        return {"z": list(self.z), "n": list(self.n)}
+
+    def load(self, state: dict) -> "FTRL":
+        self.z = [float(v) for v in state["z"]]
+        self.n = [float(v) for v in state["n"]]
+        self._w = None
+        return self
+
+
+class Decayed:
+    """Exponentially decayed sums with a half-life in updates: a running total of ``x`` and ``y``
+    whose ratio is a recency-weighted rate (the chooser's band rate rho: tokens over time)."""
+
+    def __init__(self, half_life: float):
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.x = 0.0
+        self.y = 0.0
+        self.count = 0
+
+    def add(self, x: float, y: float) -> None:
+        self.x = self.x * self.decay + x
+        self.y = self.y * self.decay + y
+        self.count += 1
+
+    @property
+    def ratio(self) -> float:
+        return self.x / self.y if self.y > 0 else 0.0
+
+    def state(self) -> dict:
+        return {"x": self.x, "y": self.y, "count": self.count}
+
+    def load(self, state: dict) -> "Decayed":
+        self.x, self.y, self.count = float(state["x"]), float(state["y"]), int(state["count"])
+        return self

@@ -1,0 +1,367 @@
+"""The persisted learned state of the online learners (DESIGN.md layout: ``store.py``).
+
+One JSON file per (model file, machine): what a verify-cost model learned about one model on one
+CPU says nothing about another, so the store is keyed by a fingerprint of both and a store whose
+fingerprint differs from the current one is refused rather than silently reused.
+
+File contents (``SCHEMA`` 1)::
+
+    {"schema": 1, "fingerprint": {...}, "updated": "2025-01-01T00:00:00+00:00",
+     "counts": {"requests": int, "rounds": int}, "sections": {name: state_dict}}
+
+Each learner owns one section and (de)serialises it itself (``state()`` / ``from_state()``).
+
+Invariants:
+- An existing file is never modified or replaced unless it was read and accepted (valid JSON, a
+  known schema, the same fingerprint): a bad store is reported with StoreError and left as is.
+- ``save`` is atomic (temp file in the same directory, fsync, ``os.replace``, fsync of the
+  directory): a crash or SIGKILL at any moment leaves either the old or the new file, never a
+  partial one. A killed writer can leave a ``.<name>.*.tmp`` file behind; it is never read.
+- Schema upgrades go through ``UPGRADES``, an append-only list as in record.py.
+- No locking: two processes saving the same store concurrently each write a whole file and the
+  last one wins (the other's updates since its open are lost, never mixed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import orjson
+
+from .errors import InputError
+from .models import home
+
+SCHEMA = 1
+
+# Append-only: UPGRADES[i] maps a store dict of schema i+1 to schema i+2. Never edit an entry.
+UPGRADES: list[Callable[[dict], dict]] = []
+
+_CHUNK = 1 << 20  # hash models in 1 MiB chunks: constant memory for any model size
+_DUMP = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
+_HINT = "it was left as is: move it away or run `adaspark store reset`"
+
+PathLike = str | os.PathLike
+
+
+class StoreError(InputError):
+    """A store file that is corrupt, of an unknown schema, or of another model or machine."""
+
+
+# --- fingerprint -------------------------------------------------------------------------------
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _digest_cache_path() -> Path:
+    return home() / "stores" / "digests.json"
+
+
+def _model_digest(path: Path, cache: Path) -> str:
+    """SHA-256 of the model file, cached by (absolute path, size, mtime_ns).
+
+    The cache is only an optimisation: an unreadable cache is ignored and a failed write is
+    swallowed, so it can never break a run. (A file rewritten with the same size inside one mtime
+    tick would be missed; model files are not edited in place, so we accept that.)
+    """
+    st = path.stat()
+    key = str(path.resolve())
+    try:
+        entries = orjson.loads(cache.read_bytes())
+        if not isinstance(entries, dict):
+            entries = {}
+    except (OSError, orjson.JSONDecodeError):
+        entries = {}
+    hit = entries.get(key)
+    if isinstance(hit, dict) and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns:
+        return hit["sha256"]
+    digest = _sha256_file(path)
+    entries[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+    try:
+        _write_atomic(cache, orjson.dumps(entries, option=_DUMP))
+    except OSError:
+        pass
+    return digest
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_count() -> int:
+    # The CPUs this process may run on (taskset / cgroup cpusets), not the machine's total: the
+    # verify cost depends on the threads llama.cpp actually gets.
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _llama_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llama-cpp-python")
+    except PackageNotFoundError:
+        return None
+
+
+def fingerprint(model_path: PathLike, *, digest_cache: PathLike | None = None) -> dict:
+    """What the learned state depends on: the model file's content and the machine.
+
+    The model is identified by size and SHA-256 of its content (not its path, so a copy or a move
+    keeps its store). ``digest_cache`` is the side file caching digests (default:
+    ``home()/stores/digests.json``).
+    """
+    path = Path(model_path)
+    cache = Path(digest_cache) if digest_cache is not None else _digest_cache_path()
+    return {
+        "model": {"size": path.stat().st_size, "sha256": _model_digest(path, cache)},
+        "machine": {
+            "cpu": _cpu_name(),
+            "cpus": _cpu_count(),
+            "arch": platform.machine(),
+            "llama_cpp_python": _llama_version(),
+        },
+    }
+
+
+def _canonical(fp: dict) -> bytes:
+    return orjson.dumps(fp, option=orjson.OPT_SORT_KEYS)
+
+
+def fingerprint_key(fp: dict) -> str:
+    """A short stable hex key for ``fp``: the first 16 hex digits of SHA-256 of its canonical JSON."""
+    return hashlib.sha256(_canonical(fp)).hexdigest()[:16]
+
+
+def default_store_path(fp: dict) -> Path:
+    """``home()/stores/<key>.json``."""
+    return home() / "stores" / f"{fingerprint_key(fp)}.json"
+
+
+def _diff(a, b, prefix: str = "") -> list[str]:
+    """Dotted names of the fields where two fingerprints differ (for the error message)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [prefix.rstrip(".") or "fingerprint"]
+
+
+# --- file I/O ----------------------------------------------------------------------------------
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` by ``data`` so that readers (and a crash) see the old or the new file only.
+
+    The temp file lives in the target's directory because ``os.replace`` is atomic only within a
+    file system. fsync before the replace makes the new bytes durable before the name points at
+    them; fsync of the directory makes the rename itself durable.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; stores are plain user files
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY)
+    except OSError:  # e.g. platforms where a directory cannot be opened
+        return
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def upgrade(d: dict) -> dict:
+    """Bring a parsed store to the current schema (raises ValueError for an unknown schema)."""
+    version = d.get("schema")
+    if type(version) is not int or not 1 <= version <= SCHEMA:
+        raise ValueError(f"has unknown schema {version!r} (this build reads 1..{SCHEMA})")
+    for step in UPGRADES[version - 1 :]:
+        d = step(d)
+    d["schema"] = SCHEMA
+    return d
+
+
+def _check(d: dict) -> None:
+    """Raise ValueError unless ``d`` (already upgraded) has the shape of a store."""
+    if not isinstance(d.get("fingerprint"), dict):
+        raise ValueError("has no fingerprint")
+    counts = d.get("counts")
+    if not isinstance(counts, dict) or any(
+        type(counts.get(k)) is not int or counts[k] < 0 for k in ("requests", "rounds")
+    ):
+        raise ValueError("has bad counts")
+    sections = d.get("sections")
+    if not isinstance(sections, dict) or not all(isinstance(v, dict) for v in sections.values()):
+        raise ValueError("has bad sections")
+
+
+def _read(path: Path, missing_ok: bool = False) -> bytes | None:
+    """The file's bytes; None for a missing file if ``missing_ok``; StoreError otherwise."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise StoreError(f"there is no store at {path}") from None
+    except OSError as e:
+        raise StoreError(f"store {path} cannot be read ({e.strerror or e})") from None
+
+
+def _parse(raw: bytes, path: Path, hint: str = _HINT) -> dict:
+    """Parse, upgrade and shape-check a store file's bytes; StoreError naming ``path`` otherwise."""
+    try:
+        d = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise StoreError(f"store {path} is corrupt (line {e.lineno}: {e.msg}); {hint}") from None
+    if not isinstance(d, dict):
+        raise StoreError(f"store {path} is corrupt (not a JSON object); {hint}")
+    try:
+        d = upgrade(d)
+        _check(d)
+    except ValueError as e:
+        raise StoreError(f"store {path} {e}; {hint}") from None
+    return d
+
+
+def _mismatch(path: Path, stored: dict, fp: dict, hint: str) -> StoreError:
+    fields = ", ".join(_diff(orjson.loads(_canonical(stored)), orjson.loads(_canonical(fp))))
+    return StoreError(f"store {path} belongs to another model or machine (differs in {fields}); {hint}")
+
+
+# --- the store ---------------------------------------------------------------------------------
+
+
+class Store:
+    """Learned state of one (model, machine), as named sections plus usage counts.
+
+    Use ``Store.open(path, fp)``; change it with ``put`` / ``bump``; persist with ``save``.
+    """
+
+    def __init__(self, path: PathLike, fp: dict, *, counts: dict | None = None,
+                 sections: dict | None = None, updated: str | None = None):
+        self.path = Path(path)
+        self.fingerprint = fp
+        self.counts = dict(counts or {"requests": 0, "rounds": 0})
+        self.sections: dict[str, dict] = dict(sections or {})
+        self.updated = updated
+
+    @classmethod
+    def open(cls, path: PathLike, fp: dict) -> "Store":
+        """Load the store at ``path``, or start an empty one if there is no file.
+
+        Raises StoreError (and leaves the file untouched) if the file is corrupt, of an unknown
+        schema, or has a fingerprint other than ``fp``.
+        """
+        path = Path(path)
+        raw = _read(path, missing_ok=True)
+        if raw is None:
+            return cls(path, fp)
+        d = _parse(raw, path)
+        if _canonical(d["fingerprint"]) != _canonical(fp):
+            raise _mismatch(path, d["fingerprint"], fp, _HINT)
+        return cls(path, fp, counts=d["counts"], sections=d["sections"], updated=d.get("updated"))
+
+    def get(self, name: str) -> dict | None:
+        """The state saved under ``name``, or None."""
+        return self.sections.get(name)
+
+    def put(self, name: str, state: dict) -> None:
+        """Set section ``name``. The state is normalised through JSON now, so ``get`` returns
+        exactly what a reopened store would (numpy arrays become lists, numpy scalars numbers,
+        NaN/inf become None), and a state that cannot be saved (e.g. a dict with non-str keys)
+        raises TypeError here, at the caller, rather than at ``save``."""
+        if not isinstance(state, dict):
+            raise TypeError(f"section {name!r}: state must be a dict, not {type(state).__name__}")
+        self.sections[name] = orjson.loads(orjson.dumps(state, option=orjson.OPT_SERIALIZE_NUMPY))
+
+    def bump(self, requests: int = 0, rounds: int = 0) -> None:
+        """Add to the usage counts."""
+        if requests < 0 or rounds < 0:
+            raise ValueError("counts only grow")
+        self.counts["requests"] += int(requests)
+        self.counts["rounds"] += int(rounds)
+
+    def to_json(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "fingerprint": self.fingerprint,
+            "updated": self.updated,
+            "counts": self.counts,
+            "sections": self.sections,
+        }
+
+    def save(self) -> None:
+        """Write the store atomically (the old file stays intact if anything fails)."""
+        self.updated = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        _write_atomic(self.path, orjson.dumps(self.to_json(), option=_DUMP))
+
+    @staticmethod
+    def reset(path: PathLike) -> bool:
+        """Delete the store file at ``path`` (nothing else). Returns whether there was one."""
+        try:
+            Path(path).unlink()
+            return True
+        except FileNotFoundError:
+            return False
+
+    @staticmethod
+    def export(path: PathLike, dest: PathLike) -> None:
+        """Copy the store at ``path`` to ``dest`` (checked to be a readable store first)."""
+        path = Path(path)
+        raw = _read(path)  # read once: what is checked is what is copied
+        _parse(raw, path, hint="nothing was exported")
+        _write_atomic(Path(dest), raw)
+
+    @staticmethod
+    def import_(src: PathLike, path: PathLike, fp: dict, *, force: bool = False) -> "Store":
+        """Install the store file ``src`` at ``path`` (replacing any store there) and return it.
+
+        ``src`` is validated like ``open``: schema and fingerprint. With ``force``, a store of
+        another fingerprint is accepted and its fingerprint rewritten to ``fp`` (its learned state
+        then describes another model or machine until the learners adapt). ``src`` is not modified.
+        """
+        src = Path(src)
+        hint = "nothing was imported"
+        d = _parse(_read(src), src, hint=hint)
+        if _canonical(d["fingerprint"]) != _canonical(fp) and not force:
+            raise _mismatch(src, d["fingerprint"], fp, hint + " (use --force to import it anyway)")
+        store = Store(path, fp, counts=d["counts"], sections=d["sections"], updated=d.get("updated"))
+        store.save()
+        return store
+
+
+reset = Store.reset
+export = Store.export
+import_ = Store.import_
