@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.adaspark-installed
 PROMPTS := fixtures/prompts
 
-.PHONY: setup demo test bench-smoke bench-quant clean
+.PHONY: setup demo test bench-smoke bench-adaptive bench-quant bench-host clean
 
 setup: $(STAMP)
 
@@ -29,8 +29,14 @@ test: setup
 bench-smoke: setup
 	$(BIN)/python -m adaspark_cli.bench smoke
 
+bench-adaptive: setup
+	$(BIN)/python -m adaspark_cli.bench adaptive
+
 bench-quant: setup
 	$(BIN)/python -m adaspark_cli.bench quant
+
+bench-host: setup
+	$(BIN)/python -m adaspark_cli.bench host
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -12,6 +12,8 @@ the arms interleaved and each pass in the opposite order of the last, and report
 from __future__ import annotations
 
 import statistics
+import time
+from collections import Counter
 from pathlib import Path
 from typing import Optional
 
@@ -22,7 +24,8 @@ from tabulate import tabulate
 from adaspark_core import tree
 from adaspark_core.engine.llama import LlamaModel, LlamaTarget
 from adaspark_core.models import default_model
-from adaspark_core.scheduler import Generation, parse_arm
+from adaspark_core.chooser import AdaptiveWidth
+from adaspark_core.scheduler import parse_arm, run
 from adaspark_core.tree import ANCHOR, NGRAM
 
 PROMPTS = Path(__file__).resolve().parent.parent / "fixtures" / "prompts"
@@ -37,6 +40,80 @@ def _main() -> None:
     """AdaSpark benchmarks."""
 
 
+class TimedPolicy(AdaptiveWidth):
+    """The adaptive width policy, timing its own Python work per round (decide + learn), the
+    end-of-request refits apart."""
+
+    def __init__(self):
+        super().__init__()
+        self.ms = 0.0
+        self.refit_ms = 0.0
+        self.rounds = 0
+
+    def decide(self, *a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return super().decide(*a, **kw)
+        finally:
+            self.ms += (time.perf_counter() - t0) * 1e3
+
+    def learn(self, rec):
+        t0 = time.perf_counter()
+        super().learn(rec)
+        dt = (time.perf_counter() - t0) * 1e3
+        if rec.last:
+            self.refit_ms += dt
+        else:
+            self.ms += dt
+            self.rounds += 1
+
+
+def side_by_side(lm, target, arm_list, prompt_names, passes, max_tokens, policy=None):
+    """Decode every prompt with every arm, the arms interleaved and each pass in the opposite
+    order of the last. Returns {(prompt, arm): [run, ...]}."""
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for k in range(passes):
+        for name in prompt_names:
+            prompt = lm.chat_prompt([{"role": "user", "content": (PROMPTS / name).read_text()}])
+            for arm in (arm_list if k % 2 == 0 else arm_list[::-1]):
+                gen = run(target, prompt, arm, max_tokens, policy=policy if arm.learns else None)
+                st = gen.stats
+                runs.setdefault((name, arm.name), []).append(
+                    {"tps": st.decode_tps or 0.0, "tpr": st.tokens_per_round, "tokens": gen.tokens,
+                     "host_ms": st.host_ms / max(st.rounds, 1), "widths": st.widths})
+    return runs
+
+
+def report(runs, arm_list, prompt_names, title, as_json, extra=None) -> None:
+    """One table row per (prompt, arm): median tok/s over passes and the ratio to the first arm."""
+    rows, out = [], []
+    first = arm_list[0].name
+    for name in prompt_names:
+        base = statistics.median(r["tps"] for r in runs[(name, first)])
+        base_text = runs[(name, first)][0]["tokens"]
+        for arm in arm_list:
+            rs = runs[(name, arm.name)]
+            tps = statistics.median(r["tps"] for r in rs)
+            widths = sum((r["widths"] for r in rs), Counter())
+            row = {"prompt": name, "arm": arm.name, "tok_s": tps, "vs_first_arm": tps / base if base else None,
+                   "tokens_per_round": statistics.median(r["tpr"] for r in rs),
+                   "host_ms_per_round": statistics.median(r["host_ms"] for r in rs),
+                   "same_text_as_first_arm": rs[0]["tokens"] == base_text, "tokens": len(rs[0]["tokens"]),
+                   "widths": {str(w): n for w, n in sorted(widths.items())}}
+            out.append(row)
+            top = ", ".join(f"{w}:{n}" for w, n in widths.most_common(4))
+            rows.append([name, arm.name, f"{tps:.1f}", f"{row['vs_first_arm']:.2f}x", f"{row['tokens_per_round']:.2f}",
+                         f"{row['host_ms_per_round']:.3f}", row["tokens"], "yes" if row["same_text_as_first_arm"] else "no", top])
+    if as_json:
+        print(orjson.dumps({"title": title, "rows": out, **(extra or {})}).decode())
+        return
+    print(title)
+    print(tabulate(rows, headers=["prompt", "arm", "tok/s", f"vs {first}", "tok/round", "host ms/round", "tokens",
+                                  f"same text as {first}", "widths (rows:rounds)"]))
+    for k, v in (extra or {}).items():
+        print(f"{k}: {v}")
+
+
 @app.command()
 def smoke(
     max_tokens: int = typer.Option(192, "--max-tokens"),
@@ -48,44 +125,35 @@ def smoke(
     """Decode tok/s of several arms on three bundled prompts, side by side."""
     arm_list = [parse_arm(a) for a in arms.split(",")]
     lm = LlamaModel(model or default_model())
+    runs = side_by_side(lm, LlamaTarget(lm), arm_list, SMOKE_PROMPTS, passes, max_tokens)
+    report(runs, arm_list, SMOKE_PROMPTS,
+           f"model {lm.path.name}, {passes} passes, up to {max_tokens} tokens, median decode tok/s (client clock)", as_json)
+
+
+@app.command()
+def adaptive(
+    max_tokens: int = typer.Option(256, "--max-tokens"),
+    passes: int = typer.Option(2, "--passes", min=1),
+    model: Optional[Path] = typer.Option(None, "--model"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """``adaspark`` against ``ar`` on an open-ended and a copy-heavy prompt, side by side. The
+    adaspark arm starts from an empty store and learns while it serves: first a learning request
+    on each of three other prompts (its cold start), then the measured passes."""
+    arm_list = [parse_arm("ar"), parse_arm("adaspark")]
+    lm = LlamaModel(model or default_model())
     target = LlamaTarget(lm)
-    runs: dict[tuple[str, str], list[dict]] = {}
-    for k in range(passes):
-        for name in SMOKE_PROMPTS:
-            prompt = lm.chat_prompt([{"role": "user", "content": (PROMPTS / name).read_text()}])
-            order = arm_list if k % 2 == 0 else arm_list[::-1]
-            for arm in order:
-                gen = Generation(target, prompt, arm, max_tokens)
-                host = []
-                for _ in gen:
-                    host.append(gen.stats.host_ms)
-                st = gen.stats
-                runs.setdefault((name, arm.name), []).append(
-                    {"tps": st.decode_tps or 0.0, "tpr": st.tokens_per_round, "tokens": gen.tokens,
-                     "host_ms": st.host_ms / max(st.rounds, 1), "widths": dict(st.widths)}
-                )
-    rows, out = [], []
-    for name in SMOKE_PROMPTS:
-        ar_tps = statistics.median(r["tps"] for r in runs[(name, arm_list[0].name)])
-        ar_text = runs[(name, arm_list[0].name)][0]["tokens"]
-        for arm in arm_list:
-            rs = runs[(name, arm.name)]
-            tps = statistics.median(r["tps"] for r in rs)
-            row = {
-                "prompt": name, "arm": arm.name, "tok_s": tps, "vs_first_arm": tps / ar_tps if ar_tps else None,
-                "tokens_per_round": statistics.median(r["tpr"] for r in rs),
-                "host_ms_per_round": statistics.median(r["host_ms"] for r in rs),
-                "same_text_as_first_arm": rs[0]["tokens"] == ar_text,
-                "tokens": len(rs[0]["tokens"]),
-            }
-            out.append(row)
-            rows.append([name, arm.name, f"{tps:.1f}", f"{row['vs_first_arm']:.2f}x", f"{row['tokens_per_round']:.2f}",
-                         f"{row['host_ms_per_round']:.3f}", row["tokens"], "yes" if row["same_text_as_first_arm"] else "no"])
-    if as_json:
-        print(orjson.dumps({"model": str(lm.path), "passes": passes, "max_tokens": max_tokens, "rows": out}).decode())
-        return
-    print(f"model {lm.path.name}, {passes} passes, up to {max_tokens} tokens, median decode tok/s (client clock)")
-    print(tabulate(rows, headers=["prompt", "arm", "tok/s", f"vs {arm_list[0].name}", "tok/round", "host ms/round", "tokens", f"same text as {arm_list[0].name}"]))
+    policy = TimedPolicy()
+    learning = side_by_side(lm, target, arm_list[1:], ["code.txt", "summary.txt", "story.txt"], 1, max_tokens, policy)
+    cold = {name: runs[0]["tps"] for (name, _), runs in learning.items()}
+    prompts = ["explain.txt", "list.txt", "rewrite.txt"]  # open-ended, a list, copy-heavy
+    runs = side_by_side(lm, target, arm_list, prompts, passes, max_tokens, policy)
+    extra = {"learned widths": policy.cost.widths,
+             "cold-start requests tok/s": {k: round(v, 1) for k, v in cold.items()},
+             "policy ms/round (decide + learn)": round(policy.ms / max(policy.rounds, 1), 4),
+             "refit ms per request": round(policy.refit_ms / max(len(prompts) * passes + 3, 1), 2)}
+    report(runs, arm_list, prompts, f"model {lm.path.name}, {passes} passes, up to {max_tokens} tokens, median decode tok/s",
+           as_json, extra)
 
 
 def pinned_verify_ms(target: LlamaTarget, width: int, reps: int) -> tuple[float, float]:
@@ -149,8 +217,6 @@ def host(
 ) -> None:
     """The engine's own Python time per verify outside llama_decode, by width, for a chain and for
     a bushy tree (batch build, KV sequence copies, argmax read, commit-equivalent discard)."""
-    import time
-
     lm = LlamaModel(default_model())
     target = LlamaTarget(lm)
     ctx_tokens = [(i * 7919) % 30000 + 100 for i in range(1000)]

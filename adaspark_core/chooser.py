@@ -131,13 +131,16 @@ class Chooser:
         b = self.bands.get(band_of(c))
         return b.ratio if b is not None and b.count >= self.p.band_min_rounds else None
 
-    def value(self, n: int, sd, sn, price: float, d: float, c: int, rho: float) -> float:
+    def value(self, n: int, sd, sn, price: float, d: float, c: int, rho: float, gains=None) -> float:
+        """V(n) of Eq. 7. ``gains``: the four gains at c, when the caller already has them."""
         n0 = self.p.n0
-        base = 1.0 + at(sd, n0) + at(sn, n0)
-        hi = n >= n0
-        gd = self.gains["d_hi" if hi else "d_lo"](c)
-        gn = self.gains["n_hi" if hi else "n_lo"](c)
-        return base + gd * (at(sd, n) - at(sd, n0)) + gn * (at(sn, n) - at(sn, n0)) - rho * (d + price)
+        g = gains or self.gains_at(c)
+        gd, gn = (g["d_hi"], g["n_hi"]) if n >= n0 else (g["d_lo"], g["n_lo"])
+        sd0, sn0 = at(sd, n0), at(sn, n0)
+        return 1.0 + sd0 + sn0 + gd * (at(sd, n) - sd0) + gn * (at(sn, n) - sn0) - rho * (d + price)
+
+    def gains_at(self, c: int) -> dict[str, float]:
+        return {k: g(c) for k, g in self.gains.items()}
 
     def choose(self, prices: dict[int, float], sd, sn, d: float, c: int) -> int:
         """The width to verify among the priced widths."""
@@ -153,9 +156,16 @@ class Chooser:
             best = max(widths, key=ratio)
             switch = ratio(best) > (1.0 + self.p.ratio_margin) * ratio(inc)
         else:
-            vals = {n: self.value(n, sd, sn, prices[n], d, c, rho) for n in widths}
+            g = self.gains_at(c)
+            vals = {n: self.value(n, sd, sn, prices[n], d, c, rho, g) for n in widths}
             best = max(widths, key=vals.__getitem__)
             switch = vals[best] > vals[inc] + self.p.margin * (1.0 + at(sd, inc) + at(sn, inc))
+        # A wider width priced no higher than the incumbent dominates it (Proposition 2: with
+        # gains >= 0 its value is at least the incumbent's), so the margin, which guards trades of
+        # tokens against time from flipping on noise, does not hold it back.
+        dominant = [n for n in widths if n > inc and prices[n] <= prices[inc]]
+        if dominant and not (switch and best != inc):
+            best, switch = dominant[-1], True
         if switch and best != inc:
             self.incumbent, self.held = best, 0
         else:

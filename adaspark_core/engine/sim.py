@@ -504,9 +504,9 @@ def make_sim(curve_name: str, seed: int = 0, prompt_len: int = 200, n_ctx: int =
              params: DraftParams | None = None, draft_ms: float = 2.0, p_clean: float = 0.7,
              noise_mean: float = 0.05, eog_at: int | None = None, curve: CostCurve | None = None):
     """(target, drafter, clock, prompt tokens) for ``Generation(target, prompt, arm, max_tokens,
-    clock=clock, drafter=drafter)`` (with ``ngram=False`` where the scheduler has that switch;
-    SimText never repeats a token, so the n-gram source proposes nothing either way). ``curve`` overrides the preset ``curve_name``.
-    The prompt is truth(0 .. prompt_len-1), so the reply should be truth(prompt_len ...)."""
+    clock=clock, drafter=drafter)``. SimText never repeats a token, so the n-gram fill finds
+    nothing. ``curve`` overrides the preset ``curve_name``. The prompt is truth(0 .. prompt_len-1),
+    so the reply should be truth(prompt_len ...)."""
     curve = curve if curve is not None else CURVES[curve_name]
     clock = VirtualClock()
     text = SimText(seed, eog_at=eog_at)
