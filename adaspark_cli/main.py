@@ -74,7 +74,7 @@ def histogram(counts: dict) -> str:
 def decode(
     prompt_file: str = typer.Argument(..., help="File with the prompt text, or - for stdin."),
     model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct, Q4_0)."),
-    arm: str = typer.Option("tree:8", "--arm", help="ar, chain:N (at most N draft tokens) or tree:N (N rows)."),
+    arm: str = typer.Option("adaspark", "--arm", help="adaspark, cost, pinned:N, tree:N, chain:N or ar (see below)."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
     raw: bool = typer.Option(False, "--raw", help="Send the text as is, without the model's chat template."),
     system: Optional[str] = typer.Option(None, "--system", help="A system message (chat mode)."),

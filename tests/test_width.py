@@ -132,14 +132,15 @@ def test_replaying_the_log_reproduces_the_live_state(tmp_path):
     assert orjson.loads(orjson.dumps(replayed.state())) == orjson.loads(orjson.dumps(live.state()))
 
 
-def test_a_restart_begins_from_the_learned_widths(tmp_path):
+def test_a_restart_begins_from_the_learned_widths():
     live, _, _ = serve("qwen3-4b-q4km", requests=3, rounds=150)
     restored = AdaptiveWidth.from_state(orjson.loads(orjson.dumps(live.state())))
     assert restored.cost.widths == live.cost.widths
+    learned = {w for w, k in restored.cost.classes.items() if k.count >= 3}
     target, drafter, clock, prompt = make_sim("qwen3-4b-q4km", seed=9)
     gen = Generation(target, prompt, parse_arm("adaspark"), 100, clock=clock, drafter=drafter, policy=restored)
-    measures = [gen.last_record.measure for _ in gen]
-    assert not any(measures)  # no cold-start rounds
+    measured = {gen.last_record.measure for _ in gen}
+    assert learned and not measured & learned  # no cold start: only a pending split may be measured
 
 
 def test_prefix_sums_split_by_source():
