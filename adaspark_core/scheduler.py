@@ -201,7 +201,6 @@ class Stats:
     widths: Counter = field(default_factory=Counter)  # verified rows -> rounds
     accepted: Counter = field(default_factory=Counter)  # accepted draft tokens -> rounds
     first_delta_tokens: int = 0
-    t_start: float = 0.0
     t_first: float | None = None
     t_last: float | None = None
     verify_ms: float = 0.0
@@ -293,7 +292,6 @@ class Generation:
 
     def __iter__(self) -> Iterator[list[int]]:
         target = self.target
-        self.stats.t_start = self.clock()
         target.start(self.prompt)
         if self.index is not None:
             self.index.extend(self.prompt)
@@ -319,7 +317,8 @@ class Generation:
         context = target.n_past + 1  # committed tokens, the anchor included
         depth_limit = min(arm.max_width - 1, room - 1)
         cands = draft(self.drafter, self.index, depth_limit) if arm.max_width > 1 else []
-        reach = 1 + (min(self.drafter.capacity, depth_limit * 64) if self.drafter else 0) + (
+        # The most rows this round's sources could fill: teaches the cost model its reach.
+        reach = 1 + (self.drafter.capacity if self.drafter else 0) + (
             min(depth_limit, MAX_CHAIN_DEPTH) if self.index is not None else 0)
         cand_dicts = [c.to_dict() for c in cands]
         # Cells: the committed prefix plus the verify's rows must fit the context.

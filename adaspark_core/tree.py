@@ -16,14 +16,12 @@ Conventions used throughout the package:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import accumulate
 
 ANCHOR = -1
 
 PICK = "pick"
 SIBLING = "sibling"
 NGRAM = "ngram"
-SOURCES = (PICK, SIBLING, NGRAM)
 
 
 @dataclass(slots=True)
@@ -52,18 +50,6 @@ def child_of(cands: list[Candidate], parent: int, token: int, source: str, **fea
     return Candidate(token=token, parent=parent, source=source, depth=depth, **features)
 
 
-def check_topological(cands: list[Candidate]) -> None:
-    """Raise ValueError unless every parent precedes its child and depths agree."""
-    for j, c in enumerate(cands):
-        if c.parent == ANCHOR:
-            if c.depth != 1:
-                raise ValueError(f"candidate {j}: child of the anchor must have depth 1")
-        elif not 0 <= c.parent < j:
-            raise ValueError(f"candidate {j}: parent {c.parent} does not precede it")
-        elif c.depth != cands[c.parent].depth + 1:
-            raise ValueError(f"candidate {j}: depth {c.depth} is not its parent's + 1")
-
-
 def path_products(cands: list[Candidate]) -> list[float]:
     """Q_j = product of q along the path from the anchor to j (Eq. 1)."""
     big_q: list[float] = []
@@ -79,14 +65,6 @@ def best_first(big_q: list[float]) -> list[int]:
     With q <= 1 and parents indexed before children, every prefix of this order is a tree.
     """
     return sorted(range(len(big_q)), key=lambda j: (-big_q[j], j))
-
-
-def expected_accepted(big_q: list[float], order: list[int]) -> list[float]:
-    """S(n) for every width n = 1 .. len(order) + 1, as a list indexed by n - 1.
-
-    S(1) = 0: a one-row verify (the anchor alone) accepts no candidate.
-    """
-    return [0.0, *accumulate(big_q[j] for j in order)]
 
 
 def prefix(order: list[int], width: int) -> list[int]:
