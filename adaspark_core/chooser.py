@@ -190,14 +190,14 @@ class Chooser:
 
         return passes
 
-    def learn(self, rec, offered: list[int]) -> None:
+    def learn(self, rec, offered: list[int], sums=None) -> None:
         """Band rate from the round's committed tokens and time; gains from the narrower prefixes
-        of its tree."""
+        of its tree. ``sums``: the round's source_sums, when the caller already has them."""
         committed = len(rec.path) + 1
         self.bands.setdefault(band_of(rec.context), Decayed(self.p.half_life)).add(committed, rec.times.total)
         if not rec.candidates:
             return
-        sd, sn = source_sums(rec.candidates, rec.order)
+        sd, sn = sums or source_sums(rec.candidates, rec.order)
         ad, an = accepted_sums(rec.candidates, rec.order, rec.path)
         n0, w, c = self.p.n0, rec.width, rec.context
         if w > n0:  # rows above n0 teach the upper pair
@@ -242,6 +242,7 @@ class AdaptiveWidth:
     def __init__(self, cost: CostModel | None = None, chooser: Chooser | None = None):
         self.cost = cost or CostModel()
         self.chooser = chooser or Chooser()
+        self._sums = None  # (candidates, order, sd, sn) of the last decision, reused by learn
 
     def decide(self, cands: list[dict], order: list[int], context: int, d_ms: float, max_rows: int) -> Decision:
         offered = [w for w in self.cost.widths if w <= max_rows] or [1]
@@ -252,6 +253,7 @@ class AdaptiveWidth:
         if not prices:
             return Decision(1, offered, None, None)
         sd, sn = source_sums(cands, order)
+        self._sums = (cands, order, sd, sn)
         width = self.chooser.choose(prices, sd, sn, d_ms, context)
         if self.chooser.held >= self.chooser.p.hold_before_split:
             passes = self.chooser.split_test(prices, lambda w: self.cost.class_price(w, context), sd, sn, d_ms, context)
@@ -261,7 +263,10 @@ class AdaptiveWidth:
 
     def learn(self, rec) -> None:
         self.cost.learn(rec)
-        self.chooser.learn(rec, rec.offered)
+        cached = self._sums
+        same = cached is not None and cached[0] is rec.candidates and cached[1] is rec.order
+        self.chooser.learn(rec, rec.offered, cached[2:] if same else None)
+        self._sums = None
 
     def state(self) -> dict:
         return {"cost": self.cost.state(), "chooser": self.chooser.state()}

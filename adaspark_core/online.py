@@ -8,6 +8,7 @@ machine that drifts) and coordinates can be bounded below (non-negative context 
 from __future__ import annotations
 
 import math
+from operator import mul
 
 
 class FTRL:
@@ -43,7 +44,7 @@ class FTRL:
         return self._w
 
     def predict(self, x: list[float]) -> float:
-        return sum(wi * xi for wi, xi in zip(self.weights(), x))
+        return sum(map(mul, self.weights(), x))
 
     def update(self, x: list[float], dloss_dpred: float) -> None:
         """One step on a loss whose derivative with respect to the prediction is ``dloss_dpred``."""

@@ -50,6 +50,19 @@ def child_of(cands: list[Candidate], parent: int, token: int, source: str, **fea
     return Candidate(token=token, parent=parent, source=source, depth=depth, **features)
 
 
+def check_topological(cands: list[Candidate]) -> None:
+    """Raise ValueError unless every parent precedes its child and depths agree (what a drafter
+    must guarantee; tests check drafters with it)."""
+    for j, c in enumerate(cands):
+        if c.parent == ANCHOR:
+            if c.depth != 1:
+                raise ValueError(f"candidate {j}: child of the anchor must have depth 1")
+        elif not 0 <= c.parent < j:
+            raise ValueError(f"candidate {j}: parent {c.parent} does not precede it")
+        elif c.depth != cands[c.parent].depth + 1:
+            raise ValueError(f"candidate {j}: depth {c.depth} is not its parent's + 1")
+
+
 def path_products(cands: list[Candidate]) -> list[float]:
     """Q_j = product of q along the path from the anchor to j (Eq. 1)."""
     big_q: list[float] = []

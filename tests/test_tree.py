@@ -3,7 +3,7 @@ import random
 import pytest
 
 from adaspark_core import tree
-from adaspark_core.tree import ANCHOR, NGRAM, PICK, SIBLING
+from adaspark_core.tree import ANCHOR, NGRAM, PICK, SIBLING, Candidate
 
 
 def make(specs):
@@ -102,3 +102,9 @@ def test_accept_walk_follows_the_argmax_and_returns_the_bonus():
     # a sibling accepted: argmax at anchor is 12
     path, bonus = tree.accept_walk(lay, [12, 0, 0, 0, 33])
     assert path == [4] and bonus == 33
+
+
+def test_check_topological():
+    tree.check_topological(make([(1, ANCHOR, PICK, .5), (2, 0, PICK, .5)]))
+    with pytest.raises(ValueError):
+        tree.check_topological([Candidate(1, 1, PICK, 1), Candidate(2, ANCHOR, PICK, 1)])
