@@ -103,7 +103,8 @@ def parse_arm(spec: str, max_width: int = 64) -> Arm:
 
 
 def prior_q(c: Candidate) -> float:
-    """A simple prior for P(accepted | parent accepted), used by the fixed arms.
+    """A simple prior for P(accepted | parent accepted): the head-based estimate every arm prices
+    with until the fitted acceptance model (paper 3.3) exists.
 
     An n-gram node continuing a copy of length m scores m / (m + 1): one matching token is a coin
     flip, a long copy is nearly certain. Drafter candidates score their head, else their share.

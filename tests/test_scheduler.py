@@ -108,3 +108,18 @@ def test_trees_on_a_recurrent_model_are_refused_with_a_clear_message():
     with pytest.raises(InputError, match="roll back"):
         run(t, SEQ, parse_arm("chain:4"), max_tokens=5)
     assert run(t, SEQ * 2, parse_arm("ar"), max_tokens=3).tokens == [11, 12, 13]
+
+
+def test_an_ngram_chain_agrees_with_a_drafter_candidate_and_continues_below_it():
+    from adaspark_core import tree
+    from adaspark_core.ngram import SuffixIndex
+    from adaspark_core.scheduler import add_ngram_chain
+    from adaspark_core.tree import ANCHOR, NGRAM, PICK, SIBLING
+
+    idx = SuffixIndex()
+    idx.extend([5, 6, 7, 8, 5])  # the chain from the anchor (5) is 6, 7, 8, 5
+    cands = [tree.child_of([], ANCHOR, 6, PICK, h=0.9)]
+    cands.append(tree.child_of(cands, ANCHOR, 9, SIBLING, share=0.5))
+    add_ngram_chain(cands, idx, depth_limit=3)
+    assert cands[0].agreed and not cands[1].agreed
+    assert [(c.token, c.parent, c.source) for c in cands[2:]] == [(7, 0, NGRAM), (8, 2, NGRAM)]
