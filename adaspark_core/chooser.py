@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from .cost import CostModel, band_of
 from .online import Decayed
-from .tree import NGRAM
+from .tree import NGRAM, products
 
 
 class GainLine:
@@ -81,13 +81,13 @@ class ChooserParams:
     hold_before_split: int = 8
 
 
-def source_sums(cands: list[dict], order: list[int]) -> tuple[list[float], list[float]]:
+def source_sums(cands: list[dict], order: list[int], big_q: list[float] | None = None
+                ) -> tuple[list[float], list[float]]:
     """S_d(n) and S_ng(n) for n = 1 .. len(order) + 1 (index n - 1): the expected accepted
-    candidates of the drafter's nodes and of the n-gram's nodes in the first n - 1 of the order."""
-    big_q: list[float] = []
-    for c in cands:
-        above = 1.0 if c["parent"] < 0 else big_q[c["parent"]]
-        big_q.append(above * c["q"])
+    candidates of the drafter's nodes and of the n-gram's nodes in the first n - 1 of the order.
+    ``big_q``: the candidates' path products, when the caller has them."""
+    if big_q is None:
+        big_q = products([c["parent"] for c in cands], [c["q"] for c in cands])
     sd, sn = [0.0], [0.0]
     for j in order:
         ng = cands[j]["source"] == NGRAM
@@ -102,13 +102,13 @@ def accepted_sums(cands: list[dict], order: list[int], path: list[int]) -> tuple
     path is the longest start of the round's path that lies inside it."""
     rank = {j: i for i, j in enumerate(order)}
     ad, an = [0] * (len(order) + 1), [0] * (len(order) + 1)
-    # a path node at rank r counts for every prefix that also holds all path nodes above it
-    reach = 0  # the smallest prefix length holding the path so far
+    reach = 0  # the shortest prefix (in candidates) holding the path so far
     for j in path:
         reach = max(reach, rank[j] + 1)
-        arr = an if cands[j]["source"] == NGRAM else ad
-        for n in range(reach + 1, len(order) + 2):
-            arr[n - 1] += 1
+        (an if cands[j]["source"] == NGRAM else ad)[reach] += 1  # counts from width reach + 1 on
+    for arr in (ad, an):
+        for i in range(1, len(arr)):
+            arr[i] += arr[i - 1]
     return ad, an
 
 
@@ -244,7 +244,10 @@ class AdaptiveWidth:
         self.chooser = chooser or Chooser()
         self._sums = None  # (candidates, order, sd, sn) of the last decision, reused by learn
 
-    def decide(self, cands: list[dict], order: list[int], context: int, d_ms: float, max_rows: int) -> Decision:
+    def decide(self, cands: list[dict], order: list[int], context: int, d_ms: float, max_rows: int,
+               big_q: list[float] | None = None) -> Decision:
+        """The width to verify this round. ``big_q``: the candidates' path products, when the
+        caller has them (the scheduler does; replay recomputes them from the record)."""
         offered = [w for w in self.cost.widths if w <= max_rows] or [1]
         measure = self.cost.measuring()
         if measure is not None and measure <= max_rows:
@@ -252,7 +255,7 @@ class AdaptiveWidth:
         prices = {w: t for w, t in self.cost.prices(context).items() if w <= max_rows}
         if not prices:
             return Decision(1, offered, None, None)
-        sd, sn = source_sums(cands, order)
+        sd, sn = source_sums(cands, order, big_q)
         self._sums = (cands, order, sd, sn)
         width = self.chooser.choose(prices, sd, sn, d_ms, context)
         if self.chooser.held >= self.chooser.p.hold_before_split:

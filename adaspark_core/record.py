@@ -15,6 +15,8 @@ from typing import IO, Callable, Iterator
 
 import orjson
 
+from .schema import apply_upgrades
+
 SCHEMA = 1
 
 # Append-only: UPGRADES[i] maps a dict of schema i+1 to schema i+2. Never edit an entry.
@@ -78,13 +80,7 @@ class RoundRecord:
 
 def upgrade(d: dict) -> dict:
     """Bring a parsed log line to the current schema."""
-    version = d.get("schema")
-    if not isinstance(version, int) or not 1 <= version <= SCHEMA:
-        raise ValueError(f"unknown round-log schema {version!r} (this build reads 1..{SCHEMA})")
-    for step in UPGRADES[version - 1 :]:
-        d = step(d)
-    d["schema"] = SCHEMA
-    return d
+    return apply_upgrades(d, UPGRADES, SCHEMA)
 
 
 class RoundLog:

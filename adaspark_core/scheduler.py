@@ -162,9 +162,10 @@ def plan(anchor: int, cands: list[Candidate], cand_dicts: list[dict], arm: Arm, 
          context: int, policy: AdaptiveWidth | None) -> Plan:
     """Order the candidates best first (Proposition 1), choose the width (the arm's, or the
     adaptive policy's) and lay the prefix out depth first."""
-    order = tree.best_first(tree.path_products(cands))
+    big_q = tree.path_products(cands)
+    order = tree.best_first(big_q)
     if arm.adaptive:
-        dec = policy.decide(cand_dicts, order, context, policy.cost.d_now(), max_rows)
+        dec = policy.decide(cand_dicts, order, context, policy.cost.d_now(), max_rows, big_q)
         width, offered, prices, measure = dec.width, dec.offered, dec.prices, dec.measure
     else:
         width, offered, prices, measure = min(arm.max_width, max_rows), [arm.max_width], None, None

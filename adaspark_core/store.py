@@ -35,6 +35,7 @@ from typing import Callable
 import orjson
 
 from .errors import InputError
+from .schema import apply_upgrades
 from .models import home
 
 SCHEMA = 1
@@ -204,13 +205,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 def upgrade(d: dict) -> dict:
     """Bring a parsed store to the current schema (raises ValueError for an unknown schema)."""
-    version = d.get("schema")
-    if type(version) is not int or not 1 <= version <= SCHEMA:
-        raise ValueError(f"has unknown schema {version!r} (this build reads 1..{SCHEMA})")
-    for step in UPGRADES[version - 1 :]:
-        d = step(d)
-    d["schema"] = SCHEMA
-    return d
+    try:
+        return apply_upgrades(d, UPGRADES, SCHEMA)
+    except ValueError as e:
+        raise ValueError(f"has {e}") from None
 
 
 def _check(d: dict) -> None:

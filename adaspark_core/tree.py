@@ -65,10 +65,14 @@ def check_topological(cands: list[Candidate]) -> None:
 
 def path_products(cands: list[Candidate]) -> list[float]:
     """Q_j = product of q along the path from the anchor to j (Eq. 1)."""
+    return products([c.parent for c in cands], [c.q for c in cands])
+
+
+def products(parents: list[int], qs: list[float]) -> list[float]:
+    """Path products from parallel lists (parents precede children; ANCHOR for the anchor's)."""
     big_q: list[float] = []
-    for c in cands:
-        above = 1.0 if c.parent == ANCHOR else big_q[c.parent]
-        big_q.append(above * c.q)
+    for parent, q in zip(parents, qs):
+        big_q.append(q if parent == ANCHOR else big_q[parent] * q)
     return big_q
 
 

@@ -15,8 +15,8 @@ update per sequence, so at 16 rows and 1,000 tokens of context that cost 4.6 ms 
 round, growing with the context. Instead a leaf sequence keeps the prefix it already has:
 ``_synced[s]`` is the number of committed positions sequence s carries (always a prefix of
 sequence 0's own cells, never a cell of its own), and a verify only tops it up with the positions
-committed since. The commit removes the leaf sequences from the tree's positions only. Host time at
-16 rows then stays well under a millisecond at any context (``python -m adaspark_cli.bench host``).
+committed since. The commit removes the leaf sequences from the tree's positions only: 0.55 ms of
+host time at 16 rows (15 leaves) at 1,000 tokens of context (``python -m adaspark_cli.bench host``).
 """
 
 from __future__ import annotations
