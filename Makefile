@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.adaspark-installed
 PROMPTS := fixtures/prompts
 
-.PHONY: setup demo test bench-smoke bench-adaptive bench-quant bench-host clean
+.PHONY: setup demo test bench-smoke bench-adaptive bench-quant bench-host bench-ngram fixture-log clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,18 @@ bench-quant: setup
 
 bench-host: setup
 	$(BIN)/python -m adaspark_cli.bench host
+
+# adaspark (n-gram only) vs ar on the copy-heavy and multi-turn sets of ../shared/testset.
+bench-ngram: setup
+	$(BIN)/python -m adaspark_cli.bench ngram
+
+# Re-record the checked-in round log that `adaspark replay` is tested on (after a change to what
+# the learners do, which makes replay of the old log report a mismatch).
+fixture-log: setup
+	rm -f fixtures/logs/rounds.jsonl
+	store=$$(mktemp -u); for p in rewrite.txt list.txt summary.txt; do \
+	  $(BIN)/adaspark decode $(PROMPTS)/$$p --max-tokens 96 --store $$store --log fixtures/logs/rounds.jsonl > /dev/null || exit 1; \
+	done; rm -f $$store
 
 clean:
 	rm -rf $(VENV) build *.egg-info

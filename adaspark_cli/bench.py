@@ -25,7 +25,8 @@ from adaspark_core import tree
 from adaspark_core.engine.llama import LlamaModel, LlamaTarget
 from adaspark_core.models import default_model
 from adaspark_core.chooser import AdaptiveWidth
-from adaspark_core.scheduler import parse_arm, run
+from adaspark_core.learned import Learners
+from adaspark_core.scheduler import Generation, parse_arm, run
 from adaspark_core.tree import ANCHOR, NGRAM
 
 PROMPTS = Path(__file__).resolve().parent.parent / "fixtures" / "prompts"
@@ -68,7 +69,7 @@ class TimedPolicy(AdaptiveWidth):
             self.rounds += 1
 
 
-def side_by_side(lm, target, arm_list, prompt_names, passes, max_tokens, policy=None):
+def side_by_side(lm, target, arm_list, prompt_names, passes, max_tokens, learners=None):
     """Decode every prompt with every arm, the arms interleaved and each pass in the opposite
     order of the last. Returns {(prompt, arm): [run, ...]}."""
     runs: dict[tuple[str, str], list[dict]] = {}
@@ -76,7 +77,7 @@ def side_by_side(lm, target, arm_list, prompt_names, passes, max_tokens, policy=
         for name in prompt_names:
             prompt = lm.chat_prompt([{"role": "user", "content": (PROMPTS / name).read_text()}])
             for arm in (arm_list if k % 2 == 0 else arm_list[::-1]):
-                gen = run(target, prompt, arm, max_tokens, policy=policy if arm.learns else None)
+                gen = run(target, prompt, arm, max_tokens, learners=learners if arm.learns else None)
                 st = gen.stats
                 runs.setdefault((name, arm.name), []).append(
                     {"tps": st.decode_tps or 0.0, "tpr": st.tokens_per_round, "tokens": gen.tokens,
@@ -144,16 +145,96 @@ def adaptive(
     lm = LlamaModel(model or default_model())
     target = LlamaTarget(lm)
     policy = TimedPolicy()
-    learning = side_by_side(lm, target, arm_list[1:], ["code.txt", "summary.txt", "story.txt"], 1, max_tokens, policy)
+    learners = Learners(policy=policy)
+    learning = side_by_side(lm, target, arm_list[1:], ["code.txt", "summary.txt", "story.txt"], 1, max_tokens, learners)
     cold = {name: runs[0]["tps"] for (name, _), runs in learning.items()}
     prompts = ["explain.txt", "list.txt", "rewrite.txt"]  # open-ended, a list, copy-heavy
-    runs = side_by_side(lm, target, arm_list, prompts, passes, max_tokens, policy)
+    runs = side_by_side(lm, target, arm_list, prompts, passes, max_tokens, learners)
     extra = {"learned widths": policy.cost.widths,
              "cold-start requests tok/s": {k: round(v, 1) for k, v in cold.items()},
              "policy ms/round (decide + learn)": round(policy.ms / max(policy.rounds, 1), 4),
              "refit ms per request": round(policy.refit_ms / max(len(prompts) * passes + 3, 1), 2)}
     report(runs, arm_list, prompts, f"model {lm.path.name}, {passes} passes, up to {max_tokens} tokens, median decode tok/s",
            as_json, extra)
+
+
+NGRAM_SOURCES = ["convfinqa", "longbench", "specbench:rag,summarization"]  # copy-heavy and multi-turn
+
+
+@app.command()
+def ngram(
+    max_tokens: int = typer.Option(192, "--max-tokens"),
+    sources: str = typer.Option(" ".join(NGRAM_SOURCES), "--sources", help="Space-separated set[:kind,...] names."),
+    model: Optional[Path] = typer.Option(None, "--model"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """``adaspark`` (n-gram candidates only, the CPU default) against ``ar`` on the copy-heavy and
+    multi-turn conversations of ../shared/testset, side by side turn by turn, each arm carrying its
+    own replies as history; adaspark serves every conversation in order with one set of learners
+    from empty. Per source: geometric mean of per-reply decode-speed ratios (replies that hit the
+    cap in either arm left out and counted) and realised over expected accepted nodes (paper 4.7)."""
+    from adaspark_core.replay import expected_accepted
+    from adaspark_core.testset import load_sources, user_message
+
+    arms = [parse_arm("ar"), parse_arm("adaspark")]
+    lm = LlamaModel(model or default_model())
+    target = LlamaTarget(lm)
+    learners = Learners()
+    per: dict[str, dict] = {}
+    convs = load_sources(sources.split())
+    for ci, conv in enumerate(convs):
+        hist = {a.name: [] for a in arms}
+        acc = per.setdefault(conv.set, {"ratios": [], "capped": 0, "expected": 0.0, "accepted": 0, "replies": 0,
+                                        "rounds": 0, "tokens": 0})
+        for ti, turn in enumerate(conv.turns):
+            tps = {}
+            capped = False
+            for arm in (arms if (ci + ti) % 2 == 0 else arms[::-1]):  # alternate which arm runs first
+                messages = hist[arm.name] + [user_message(turn)]
+                prompt = lm.chat_prompt(messages)
+                if len(prompt) + max_tokens >= target.n_ctx:
+                    break
+                records = []
+                gen = Generation(target, prompt, arm, max_tokens, request_id=f"{conv.name}/{ti}",
+                                 learners=learners if arm.learns else None)
+                for _ in gen:
+                    records.append(gen.last_record)
+                text = b"".join(map(lm.piece, gen.tokens)).decode("utf-8", "replace")
+                hist[arm.name] = messages + [{"role": "assistant", "content": text}]
+                tps[arm.name] = gen.stats.decode_tps
+                capped |= gen.finish == "length"
+                if arm.adaptive:
+                    acc["rounds"] += len(records)
+                    acc["tokens"] += gen.stats.generated
+                    for rec in records:
+                        s = expected_accepted(rec)
+                        if s is not None:
+                            acc["expected"] += s
+                            acc["accepted"] += len(rec.path)
+            if len(tps) < 2:
+                continue
+            acc["replies"] += 1
+            if capped:
+                acc["capped"] += 1
+            elif tps["ar"] and tps["adaspark"]:
+                acc["ratios"].append(tps["adaspark"] / tps["ar"])
+    rows, out = [], {}
+    all_ratios = []
+    for name, a in per.items():
+        gm = statistics.geometric_mean(a["ratios"]) if a["ratios"] else None
+        all_ratios += a["ratios"]
+        cal = a["accepted"] / a["expected"] if a["expected"] else None
+        out[name] = {**{k: v for k, v in a.items() if k != "ratios"}, "ratios": a["ratios"], "speed_ratio": gm, "calibration": cal}
+        rows.append([name, a["replies"], a["capped"], f"{gm:.3f}x" if gm else "-", f"{cal:.3f}" if cal else "-",
+                     f"{a['tokens'] / a['rounds']:.2f}" if a["rounds"] else "-"])
+    overall = statistics.geometric_mean(all_ratios) if all_ratios else None
+    if as_json:
+        print(orjson.dumps({"sources": out, "overall": overall, "max_tokens": max_tokens}).decode())
+        return
+    print(f"model {lm.path.name}, up to {max_tokens} tokens per reply, adaspark (n-gram only) vs ar, decode speed on the client clock")
+    print(tabulate(rows, headers=["source", "replies", "capped (left out)", "adaspark / ar", "accepted / expected",
+                                  "adaspark tokens/round"], disable_numparse=True))
+    print(f"overall adaspark / ar: {overall:.3f}x over {len(all_ratios)} replies" if overall else "overall: -")
 
 
 def pinned_verify_ms(target: LlamaTarget, width: int, reps: int) -> tuple[float, float]:

@@ -104,8 +104,8 @@ def decode(
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
             prompt = lm.chat_prompt(messages)
         learned = open_learned(store, lm.path) if the_arm.learns else None
-        policy = learned[1] if learned else None
-        gen = Generation(target, prompt, the_arm, max_tokens, request_id=Path(prompt_file).name, policy=policy)
+        learners = learned[1] if learned else None
+        gen = Generation(target, prompt, the_arm, max_tokens, request_id=Path(prompt_file).name, learners=learners)
         try:
             gen.log = RoundLog(log) if log else None
         except OSError as e:
@@ -134,23 +134,52 @@ def decode(
         )
 
 
-WIDTH_SECTION = "width"  # the store section of the cost model and chooser
+@app.command()
+def replay(
+    log: Path = typer.Argument(..., help="A round log written by --log (JSON lines)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+    no_check: bool = typer.Option(False, "--no-check", help="Go on where replay and the log disagree."),
+) -> None:
+    """Drive fresh learners through a logged run and report how they predicted: acceptance log
+    loss per request (paper Table 2), calibration of S (Figure 10) and what the n-gram fill added
+    (Table 7). Only rounds of learning arms (adaspark, pinned:N, cost) are replayed."""
+    from adaspark_core.record import read_log
+    from adaspark_core.replay import ReplayMismatch
+    from adaspark_core.replay import replay as run_replay
+
+    if not log.is_file():
+        fail(f"round log not found: {log}")
+    with reported():
+        try:
+            _, rep = run_replay(read_log(log), check=not no_check)
+        except ReplayMismatch as e:
+            raise InputError(f"{log}: {e} (is the log from another version? --no-check goes on)") from None
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        if not rep.requests:
+            raise InputError(f"{log}: no rounds of a learning arm (adaspark, pinned:N, cost) to replay")
+        report = rep.to_json()
+        if as_json:
+            sys.stdout.write(orjson.dumps(report).decode() + "\n")
+        else:
+            from adaspark_cli.report import replay_tables
+
+            sys.stdout.write(replay_tables(report))
 
 
 def open_learned(path: Optional[Path], model_path: Path):
-    """(store, width policy) for a learning arm: the policy restored from the store, or fresh."""
-    from adaspark_core.chooser import AdaptiveWidth
+    """(store, learners) for a learning arm: the learners restored from the store, or fresh."""
+    from adaspark_core.learned import Learners
     from adaspark_core.store import Store, default_store_path, fingerprint
 
     fp = fingerprint(model_path)
     st = Store.open(path or default_store_path(fp), fp)
-    saved = st.get(WIDTH_SECTION)
-    return st, (AdaptiveWidth.from_state(saved) if saved else AdaptiveWidth())
+    return st, Learners.from_store(st)
 
 
 def save_learned(learned, rounds: int) -> None:
-    st, policy = learned
-    st.put(WIDTH_SECTION, policy.state())
+    st, learners = learned
+    learners.to_store(st)
     st.bump(requests=1, rounds=rounds)
     st.save()
 

@@ -95,3 +95,77 @@ class Decayed:
     def load(self, state: dict) -> "Decayed":
         self.x, self.y, self.count = float(state["x"]), float(state["y"]), int(state["count"])
         return self
+
+
+class GatedFTRL:
+    """Per-coordinate FTRL-Proximal over named coordinates, on the deviation from a prior.
+
+    The acceptance model's solver (paper 3.3, Table 14). Coordinates are created on first use (a
+    new n-gram bucket is just a new key) and start at their prior ``center`` (0 if absent). A
+    coordinate leaves its prior only once its accumulated gradient exceeds ``gate * sqrt(m)``
+    after ``m`` updates: the L1 threshold of FTRL-Proximal grows with the square root of the
+    updates, so a coordinate whose gradients are noise around zero (|z| ~ sqrt(m)) stays at the
+    prior, and one with a consistent sign leaves it, continuously (soft threshold, no jump).
+    """
+
+    def __init__(self, alpha: float, beta: float = 1.0, l2: float = 0.01, n_cap: float = 400.0,
+                 gate: float = 3.0, center: dict[str, float] | None = None):
+        self.alpha, self.beta, self.l2, self.n_cap, self.gate = alpha, beta, l2, n_cap, gate
+        self.center = dict(center or {})
+        self.z: dict[str, float] = {}
+        self.n: dict[str, float] = {}
+        self.m: dict[str, int] = {}
+        self._w: dict[str, float] = {}  # weights of coordinates updated since, read lazily
+
+    def weight(self, key: str) -> float:
+        w = self._w.get(key)
+        if w is None:
+            w = self.center.get(key, 0.0)
+            z = self.z.get(key, 0.0)
+            threshold = self.gate * math.sqrt(self.m.get(key, 0))
+            if abs(z) > threshold:
+                w -= (z - math.copysign(threshold, z)) / ((self.beta + math.sqrt(self.n[key])) / self.alpha + self.l2)
+            self._w[key] = w
+        return w
+
+    def update(self, grads: dict[str, float]) -> None:
+        """One step: ``grads`` maps each touched coordinate to its loss gradient."""
+        for key, g in grads.items():
+            w = self.weight(key)
+            n_old = self.n.get(key, 0.0)
+            n_new = min(n_old + g * g, self.n_cap)
+            sigma = (math.sqrt(n_new) - math.sqrt(n_old)) / self.alpha
+            self.z[key] = self.z.get(key, 0.0) + g - sigma * (w - self.center.get(key, 0.0))
+            self.n[key] = n_new
+            self.m[key] = self.m.get(key, 0) + 1
+            self._w.pop(key, None)
+
+    def state(self) -> dict:
+        return {"z": dict(self.z), "n": dict(self.n), "m": dict(self.m)}
+
+    def load(self, state: dict) -> "GatedFTRL":
+        self.z = {k: float(v) for k, v in state["z"].items()}
+        self.n = {k: float(v) for k, v in state["n"].items()}
+        self.m = {k: int(v) for k, v in state["m"].items()}
+        self._w = {}
+        return self
+
+
+class AdaGradScalar:
+    """One AdaGrad-adapted scalar kept in a band: the acceptance model's per-request intercept and
+    the head-based estimate's per-request offset (paper 3.3, Table 14). ``cap`` caps the
+    accumulated squared gradient (a floor on the step size)."""
+
+    def __init__(self, rate: float, band: float, cap: float = math.inf):
+        self.rate, self.band, self.cap = rate, band, cap
+        self.value = 0.0
+        self.g2 = 0.0
+
+    def reset(self) -> None:
+        self.value, self.g2 = 0.0, 0.0
+
+    def update(self, g: float) -> None:
+        if g == 0.0:
+            return
+        self.g2 = min(self.g2 + g * g, self.cap)
+        self.value = min(max(self.value - self.rate * g / math.sqrt(self.g2), -self.band), self.band)

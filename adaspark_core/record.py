@@ -17,10 +17,13 @@ import orjson
 
 from .schema import apply_upgrades
 
-SCHEMA = 1
+SCHEMA = 2
 
 # Append-only: UPGRADES[i] maps a dict of schema i+1 to schema i+2. Never edit an entry.
-UPGRADES: list[Callable[[dict], dict]] = []
+UPGRADES: list[Callable[[dict], dict]] = [
+    # 1 -> 2: the acceptance model's inputs and choices (p_src, which estimate priced, exploration).
+    lambda d: {**d, "p_src": None, "priced": None, "explored": False},
+]
 
 
 @dataclass(slots=True)
@@ -60,6 +63,9 @@ class RoundRecord:
     times: Timing
     measure: int | None = None  # the width a cold-start round measures (adaptive arms)
     reach: int = 0  # the most rows this round's candidate sources could have filled
+    p_src: float | None = None  # the n-gram source's top-1 precision on the committed text
+    priced: str | None = None  # which acceptance estimate priced the candidates: fitted or head
+    explored: bool = False  # the last row went to an exploring n-gram node
     first: bool = False  # the request's first round
     last: bool = False  # the request's last round
     finish: str | None = None  # on the last round: stop, length or context

@@ -1,38 +1,229 @@
-"""Drive fresh learners from a round log (DESIGN.md: replay must reproduce the live state).
+"""Drive fresh learners through a round log and measure them (DESIGN.md: replay must reproduce the
+live state; paper Table 2, Figure 10 and Table 7).
 
-A learning arm's rounds are replayed in order: the adaptive width policy re-decides each round
-from the record's own inputs (candidates, order, context) and learns from the record, exactly as
-the live run did, so its final state equals the live one. A re-decided width that differs from
-the logged one means the log and the learners disagree, and replay says so.
+A learning arm's rounds are replayed in order, each exactly as the live run did it: the acceptance
+model prices the record's candidates from their features, the width policy re-decides from the
+record's own inputs, the acceptance model's exploration runs, then both learn from the record. So
+the learners' final state equals the live one, and a re-priced q, a re-decided width or an
+exploration that differs from the log means the log and the learners disagree: replay says so.
+
+The report is computed on the way, from what replay observes:
+
+- Table 2 (acceptance prediction): per request the log loss per labelled node of the head-based
+  estimate and of the fitted model, each scored on a round's labels before either learned from
+  them; the requests the fitted model wins (every request after the first that did not reach the
+  token cap); the share of rounds with candidates the fitted model priced.
+- Figure 10 (calibration): over the rounds whose width the chooser set from S, realised accepted
+  nodes over the expected S at the chosen width, overall and in ten equal-count bins of S.
+- Table 7 (what the n-gram fill adds): verified rows and accepted draft tokens by source
+  (drafter-only, both sources, n-gram-only), acceptance rates by source, the rounds with n-gram
+  candidates and those whose verify the n-gram widened (the chooser takes a wider width than it
+  does with the n-gram candidates priced at zero).
 """
 
 from __future__ import annotations
 
+import copy
+import math
+from dataclasses import dataclass, field
 from typing import Iterable
 
-from .chooser import AdaptiveWidth
+from . import tree
+from .acceptance import FITTED
+from .chooser import source_sums
+from .learned import Learners
 from .record import RoundRecord
 from .scheduler import parse_arm
+from .tree import NGRAM
+
+BINS = 10
 
 
 class ReplayMismatch(ValueError):
     pass
 
 
-def replay_width_policy(records: Iterable[RoundRecord], policy: AdaptiveWidth | None = None,
-                        check: bool = True) -> AdaptiveWidth:
-    """Feed ``records`` of learning arms to ``policy`` (fresh by default) and return it."""
-    policy = policy or AdaptiveWidth()
+@dataclass
+class RequestStats:
+    request: str
+    nodes: int = 0
+    head_loss: float = 0.0
+    fitted_loss: float = 0.0
+    rounds: int = 0
+    tree_rounds: int = 0  # rounds with candidates
+    fitted_rounds: int = 0  # of those, priced by the fitted model
+    finish: str | None = None
+
+
+@dataclass
+class Report:
+    requests: list[RequestStats] = field(default_factory=list)
+    calibration: list[tuple[float, int]] = field(default_factory=list)  # (S at the width, accepted)
+    rows: dict[str, int] = field(default_factory=lambda: {"drafter": 0, "both": 0, "ngram": 0})
+    accepted: dict[str, int] = field(default_factory=lambda: {"drafter": 0, "both": 0, "ngram": 0})
+    ngram_rounds: int = 0
+    widened: int = 0
+    explored: int = 0
+
+    def to_json(self) -> dict:
+        """Every quantity of the report as plain JSON."""
+        reqs = [{"request": r.request, "nodes": r.nodes, "finish": r.finish, "rounds": r.rounds,
+                 "tree_rounds": r.tree_rounds, "fitted_rounds": r.fitted_rounds,
+                 "head_loss": _per(r.head_loss, r.nodes), "fitted_loss": _per(r.fitted_loss, r.nodes),
+                 "change": _change(r)} for r in self.requests]
+        scored = self.scored()
+        nodes = sum(r.nodes for r in scored)
+        tree_rounds = sum(r.tree_rounds for r in self.requests)
+        first = self.requests[0] if self.requests else None
+        return {
+            "acceptance": {
+                "requests": reqs,
+                "scored_requests": len(scored),
+                "nodes": nodes,
+                "head_loss": _per(sum(r.head_loss for r in scored), nodes),
+                "fitted_loss": _per(sum(r.fitted_loss for r in scored), nodes),
+                "requests_won": sum(1 for r in scored if r.nodes and r.fitted_loss < r.head_loss),
+                "priced_share": _per(sum(r.fitted_rounds for r in self.requests), tree_rounds),
+                "first_request": {"fitted_rounds": first.fitted_rounds, "tree_rounds": first.tree_rounds} if first else None,
+            },
+            "calibration": self.calibration_json(),
+            "ngram": self.ngram_json(),
+        }
+
+    def scored(self) -> list[RequestStats]:
+        """Table 2's requests: every request after the first that did not reach the token cap."""
+        return [r for r in self.requests[1:] if r.finish != "length"]
+
+    def calibration_json(self) -> dict:
+        pts = sorted(self.calibration)
+        expected = sum(s for s, _ in pts)
+        realised = sum(a for _, a in pts)
+        bins = []
+        for i in range(min(BINS, len(pts))):
+            part = pts[i * len(pts) // min(BINS, len(pts)) : (i + 1) * len(pts) // min(BINS, len(pts))]
+            e, a = sum(s for s, _ in part), sum(x for _, x in part)
+            bins.append({"rounds": len(part), "mean_expected": e / len(part), "mean_accepted": a / len(part),
+                         "ratio": _per(a, e)})
+        return {"rounds": len(pts), "expected": expected, "accepted": realised,
+                "ratio": _per(realised, expected), "bins": bins}
+
+    def ngram_json(self) -> dict:
+        rows, acc = self.rows, self.accepted
+        total_rows, total_acc = sum(rows.values()), sum(acc.values())
+        return {
+            "rows": dict(rows), "accepted": dict(acc),
+            "rows_share_ngram": _per(rows["ngram"], total_rows),
+            "accepted_share_ngram": _per(acc["ngram"], total_acc),
+            "accepted_share_both": _per(acc["both"], total_acc),
+            "acceptance_rate": {k: _per(acc[k], rows[k]) for k in rows},
+            "rounds_with_ngram": self.ngram_rounds,
+            "rounds_widened": self.widened,
+            "widened_share": _per(self.widened, self.ngram_rounds),
+            "explored_rounds": self.explored,
+        }
+
+
+def _per(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def _change(r: RequestStats) -> float | None:
+    """1 - fitted / head-based log loss (Figure 4: above 0, the fitted model predicted better)."""
+    return 1.0 - r.fitted_loss / r.head_loss if r.nodes and r.head_loss > 0 else None
+
+
+def node_class(c: dict) -> str:
+    if c["source"] == NGRAM:
+        return "ngram"
+    return "both" if c["agreed"] else "drafter"
+
+
+def replay(records: Iterable[RoundRecord], learners: Learners | None = None,
+           check: bool = True) -> tuple[Learners, Report]:
+    """Feed the records of learning arms to ``learners`` (fresh by default); return them and the
+    report. ``check``: raise ReplayMismatch where replay and the log disagree."""
+    learners = learners or Learners()
+    policy, model = learners.policy, learners.acceptance
+    report = Report()
+    req: RequestStats | None = None
     for rec in records:
         arm = parse_arm(rec.arm)
         if not arm.learns:
             continue
+        model.fitted_allowed = arm.fitted
+        if rec.first or req is None or rec.request != req.request:
+            model.start_request()
+            req = RequestStats(rec.request)
+            report.requests.append(req)
+        req.rounds += 1
+        cands = rec.candidates
+        if cands:
+            pricing = model.price(cands, rec.context, rec.p_src if rec.p_src is not None else 0.5)
+            if check and (pricing.priced != rec.priced or any(
+                    not math.isclose(q, c["q"], rel_tol=1e-12, abs_tol=1e-15) for q, c in zip(pricing.q, cands))):
+                raise ReplayMismatch(f"request {rec.request} round {rec.round}: replay priced the candidates "
+                                     f"differently ({pricing.priced}; the log has {rec.priced})")
+            req.tree_rounds += 1
+            req.fitted_rounds += pricing.priced == FITTED
+        chooser_before = copy.copy(policy.chooser)  # choose() rebinds its two fields only
+        d_ms = policy.cost.d_now()
+        width = rec.width
         if arm.adaptive:
             max_rows = max(rec.offered) if rec.offered else 1
-            dec = policy.decide(rec.candidates, rec.order, rec.context, policy.cost.d_now(), max_rows)
-            width = min(dec.width, len(rec.candidates) + 1)
+            dec = policy.decide(cands, rec.order, rec.context, d_ms, max_rows)
+            width = min(dec.width, len(cands) + 1)
             if check and (width != rec.width or dec.measure != rec.measure):
                 raise ReplayMismatch(f"request {rec.request} round {rec.round}: replay chose width {width}"
                                      f" (measuring {dec.measure}); the log has {rec.width} (measuring {rec.measure})")
+        if arm.fitted:
+            explored = model.explore(cands, rec.order, width) is not None
+            if check and explored != rec.explored:
+                raise ReplayMismatch(f"request {rec.request} round {rec.round}: replay explored={explored}; "
+                                     f"the log has {rec.explored}")
         policy.learn(rec)
-    return policy
+        score = model.learn(rec)
+        req.nodes += score.nodes
+        req.head_loss += score.head_loss
+        req.fitted_loss += score.fitted_loss
+        if rec.last:
+            req.finish = rec.finish
+        _observe(report, rec, arm, chooser_before, d_ms)
+    return learners, report
+
+
+def expected_accepted(rec: RoundRecord) -> float | None:
+    """S of the verified tree under the round's q (Eq. 1), for a round whose width the chooser set
+    from S (an adaptive arm past cold start); None for any other round (Figure 10's rule)."""
+    if not rec.candidates or rec.prices is None or rec.measure is not None or not parse_arm(rec.arm).adaptive:
+        return None
+    cands = rec.candidates
+    big_q = tree.products([c["parent"] for c in cands], [c["q"] for c in cands])
+    return sum(big_q[j] for j in rec.rows[1:])
+
+
+def _observe(report: Report, rec: RoundRecord, arm, chooser, d_ms: float) -> None:
+    """Figure 10 and Table 7 quantities of one round."""
+    cands = rec.candidates
+    if not cands:
+        return
+    report.explored += rec.explored
+    for j in rec.rows[1:]:
+        report.rows[node_class(cands[j])] += 1
+    for j in rec.path:
+        report.accepted[node_class(cands[j])] += 1
+    has_ngram = any(c["source"] == NGRAM for c in cands)
+    report.ngram_rounds += has_ngram
+    s = expected_accepted(rec)
+    if s is None:
+        return
+    report.calibration.append((s, len(rec.path)))
+    if has_ngram:
+        # The same decision with the n-gram candidates priced at zero (they and every node below
+        # them drop to the end of the order), on the chooser as it was before this round.
+        zq = [0.0 if c["source"] == NGRAM else c["q"] for c in cands]
+        zeroed = [{**c, "q": q} for c, q in zip(cands, zq)]
+        zbig = tree.products([c["parent"] for c in cands], zq)
+        sd, sn = source_sums(zeroed, tree.best_first(zbig), zbig)
+        prices = dict(zip(rec.offered, rec.prices))
+        without = chooser.choose(prices, sd, sn, d_ms, rec.context)
+        report.widened += rec.width > without

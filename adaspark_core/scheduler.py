@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from . import tree
+from . import ngram
+from .acceptance import HEAD, AcceptanceModel, head_q
 from .chooser import AdaptiveWidth
+from .learned import Learners
 from .engine.base import Drafter, Target
 from .errors import InputError
 from .ngram import SuffixIndex
@@ -27,6 +30,7 @@ from .record import RoundLog, RoundRecord, Timing
 from .tree import ANCHOR, NGRAM, PICK, SIBLING, Candidate
 
 MAX_CHAIN_DEPTH = 32  # n-gram chains stop 32 tokens below the anchor (Table 14)
+MAX_ALTS = 3  # sibling n-gram chains per round where earlier occurrences continue differently
 
 STOP, LENGTH, CONTEXT = "stop", "length", "context"
 
@@ -67,8 +71,19 @@ class Arm:
         return self.kind in ("cost", "adaspark", "pinned")
 
     @property
+    def fitted(self) -> bool:
+        """The fitted acceptance model may price the tree (guarded); ``cost`` prices with the
+        head-based estimate (paper 4.1)."""
+        return self.kind in ("adaspark", "pinned")
+
+    @property
     def uses_ngram(self) -> bool:
         return self.kind != "cost"
+
+    @property
+    def max_alts(self) -> int:
+        """Sibling n-gram chains a round may add: none for a chain arm (its tree is a chain)."""
+        return 0 if self.kind == "chain" else MAX_ALTS
 
     @property
     def needs_tree(self) -> bool:
@@ -102,50 +117,30 @@ def parse_arm(spec: str, max_width: int = 64) -> Arm:
 # --- one round, as pure functions -----------------------------------------------------------------
 
 
-def prior_q(c: Candidate) -> float:
-    """A simple prior for P(accepted | parent accepted): the head-based estimate every arm prices
-    with until the fitted acceptance model (paper 3.3) exists.
-
-    An n-gram node continuing a copy of length m scores m / (m + 1): one matching token is a coin
-    flip, a long copy is nearly certain. Drafter candidates score their head, else their share.
-    """
-    if c.source == NGRAM:
-        return c.evidence / (c.evidence + 1.0)
-    if c.source == PICK:
-        return c.h if c.h is not None else (c.share or 0.0)
-    if c.source == SIBLING:
-        return (c.share or 0.0) * (1.0 - (c.h if c.h is not None else 0.5))
-    raise ValueError(f"unknown source {c.source!r}")
-
-
-def draft(drafter: Drafter | None, index: SuffixIndex | None, depth_limit: int) -> list[Candidate]:
-    """Candidates for one round: the drafter's, then the n-gram chain from the anchor (when an
-    index is given), each priced by ``prior_q``."""
+def draft(drafter: Drafter | None, index: SuffixIndex | None, depth_limit: int, max_alts: int) -> list[Candidate]:
+    """Candidates for one round, unpriced: the drafter's, then the n-gram fill (when an index is
+    given): chains from the anchor and from each pick, and up to ``max_alts`` sibling chains."""
     if depth_limit <= 0:
         return []
     cands = drafter.propose(depth_limit) if drafter is not None else []
     if index is not None:
-        add_ngram_chain(cands, index, min(depth_limit, MAX_CHAIN_DEPTH))
-    for c in cands:
-        c.q = prior_q(c)
+        ngram.fill(cands, index, min(depth_limit, MAX_CHAIN_DEPTH), max_alts)
     return cands
 
 
-def add_ngram_chain(cands: list[Candidate], index: SuffixIndex, depth_limit: int) -> None:
-    """Append the index's chain from the anchor to ``cands``. Where a chain step equals a
-    candidate already there, that candidate is marked agreed and the chain goes on below it;
-    otherwise the step becomes an n-gram node (paper 3.3; the full fill is a later issue)."""
-    toks, match_len = index.chain(depth_limit)
-    kids: dict[tuple[int, int], int] = {(c.parent, c.token): j for j, c in enumerate(cands)}
-    parent = ANCHOR
-    for t in toks:
-        j = kids.get((parent, t))
-        if j is None:
-            cands.append(tree.child_of(cands, parent, t, NGRAM, evidence=match_len))
-            j = len(cands) - 1
-        elif cands[j].source != NGRAM:
-            cands[j].agreed = True
-        parent = j
+def price(cands: list[Candidate], cand_dicts: list[dict], context: int, p_src: float,
+          model: AcceptanceModel | None) -> str:
+    """Set every candidate's q (object and record dict alike): the acceptance model's choice of
+    estimate, or, for the arms without learners, the head-based estimate with no offset.
+    Returns which estimate priced the round."""
+    if model is not None:
+        pricing = model.price(cand_dicts, context, p_src)
+        qs, priced = pricing.q, pricing.priced
+    else:
+        qs, priced = [head_q(d, p_src) for d in cand_dicts], HEAD
+    for c, d, q in zip(cands, cand_dicts, qs):
+        c.q = d["q"] = q
+    return priced
 
 
 @dataclass(slots=True)
@@ -156,12 +151,13 @@ class Plan:
     offered: list[int]
     prices: list[float] | None = None
     measure: int | None = None
+    explored: bool = False
 
 
 def plan(anchor: int, cands: list[Candidate], cand_dicts: list[dict], arm: Arm, max_rows: int,
-         context: int, policy: AdaptiveWidth | None) -> Plan:
+         context: int, policy: AdaptiveWidth | None, acceptance: AcceptanceModel | None = None) -> Plan:
     """Order the candidates best first (Proposition 1), choose the width (the arm's, or the
-    adaptive policy's) and lay the prefix out depth first."""
+    adaptive policy's), let the acceptance model explore, and lay the rows out depth first."""
     big_q = tree.path_products(cands)
     order = tree.best_first(big_q)
     if arm.adaptive:
@@ -170,8 +166,10 @@ def plan(anchor: int, cands: list[Candidate], cand_dicts: list[dict], arm: Arm, 
     else:
         width, offered, prices, measure = min(arm.max_width, max_rows), [arm.max_width], None, None
     width = min(width, len(cands) + 1)  # a tree with fewer candidates comes out narrower
-    lay = tree.layout(anchor, cands, tree.prefix(order, width))
-    return Plan(order, width, lay, offered, prices, measure)
+    chosen = tree.prefix(order, width)
+    explored = acceptance.explore(cand_dicts, order, width) if acceptance is not None and arm.fitted else None
+    lay = tree.layout(anchor, cands, explored if explored is not None else chosen)
+    return Plan(order, width, lay, offered, prices, measure, explored is not None)
 
 
 def stop_cut(accepted: list[int], is_eog: Callable[[int], bool], budget: int) -> tuple[int, str | None]:
@@ -264,7 +262,7 @@ class Generation:
         log: RoundLog | None = None,
         clock: Callable[[], float] = time.perf_counter,
         drafter: Drafter | None = None,
-        policy: AdaptiveWidth | None = None,
+        learners: Learners | None = None,
     ):
         if arm.needs_tree and not target.supports_trees:
             raise InputError(f"arm {arm.name} needs tree verification, which recurrent/hybrid models cannot do; use chain:N or ar")
@@ -285,8 +283,13 @@ class Generation:
         self.prompt = list(prompt)
         self.drafter = drafter
         self.index = SuffixIndex() if arm.uses_ngram else None
-        # The learned width policy persists across requests: pass the same one to every request.
-        self.policy = policy if policy is not None or not arm.learns else AdaptiveWidth()
+        # The learners persist across requests: pass the same ones to every request.
+        if learners is None and arm.learns:
+            learners = Learners()
+        self.policy = learners.policy if learners is not None else None
+        self.acceptance = learners.acceptance if learners is not None else None
+        if self.acceptance is not None:
+            self.acceptance.fitted_allowed = arm.fitted
         self.tokens: list[int] = []  # the reply, end token excluded
         self.finish: str | None = None
         self.last_record: RoundRecord | None = None
@@ -299,6 +302,8 @@ class Generation:
             self.index.extend(self.prompt)
         if self.drafter is not None:
             self.drafter.start(self.prompt)
+        if self.acceptance is not None:
+            self.acceptance.start_request()
         rnd = 0
         while self.finish is None:
             # A round never commits past the context (see the depth limit in _round), and the
@@ -318,14 +323,16 @@ class Generation:
         anchor = target.anchor
         context = target.n_past + 1  # committed tokens, the anchor included
         depth_limit = min(arm.max_width - 1, room - 1)
-        cands = draft(self.drafter, self.index, depth_limit) if arm.max_width > 1 else []
+        cands = draft(self.drafter, self.index, depth_limit, arm.max_alts) if arm.max_width > 1 else []
         # The most rows this round's sources could fill: teaches the cost model its reach.
         reach = 1 + (self.drafter.capacity if self.drafter else 0) + (
             min(depth_limit, MAX_CHAIN_DEPTH) if self.index is not None else 0)
         cand_dicts = [c.to_dict() for c in cands]
+        p_src = self.index.p_src if self.index is not None else None
+        priced = price(cands, cand_dicts, context, p_src if p_src is not None else 0.5, self.acceptance) if cands else None
         # Cells: the committed prefix plus the verify's rows must fit the context.
         max_rows = max(1, min(arm.max_width, target.n_ctx - target.n_past))
-        p = plan(anchor, cands, cand_dicts, arm, max_rows, context, self.policy)
+        p = plan(anchor, cands, cand_dicts, arm, max_rows, context, self.policy, self.acceptance)
         t1 = self.clock()
         ver = target.verify(p.layout)
         path_rows, bonus = tree.accept_walk(p.layout, ver.argmax)
@@ -362,6 +369,9 @@ class Generation:
             prices=p.prices,
             measure=p.measure,
             reach=reach,
+            p_src=p_src,
+            priced=priced,
+            explored=p.explored,
             width=p.width,
             rows=p.layout.cand,
             argmax=ver.argmax,
@@ -378,6 +388,8 @@ class Generation:
             self.log.write(rec)
         if self.policy is not None and arm.learns:
             self.policy.learn(rec)
+        if self.acceptance is not None and arm.learns:
+            self.acceptance.learn(rec)
         self.last_record = rec
         return emitted
 

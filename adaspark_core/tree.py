@@ -16,6 +16,7 @@ Conventions used throughout the package:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 ANCHOR = -1
 
@@ -34,14 +35,23 @@ class Candidate:
     depth: int  # 1 for a child of the anchor
     q: float = 0.0  # P(accepted | parent accepted), set by the pricing model
     h: float | None = None  # drafter confidence head at this position
-    share: float | None = None  # sigma for a pick, r for a sibling
-    evidence: int = 0  # n-gram: length of the copy it continues, or follower count
-    bucket: str | None = None  # n-gram evidence bucket
+    share: float | None = None  # sigma for a pick, r (share of the siblings' total) for a sibling
+    sigma: float | None = None  # the position's pick share sigma (a pick's own share; a sibling's pick's)
+    # N-gram features (ngram.py). For an n-gram node they describe the node itself; for a drafter
+    # candidate that is agreed or contradicted, the n-gram proposal that agreed or contradicted it.
+    kind: str | None = None  # copy, follow, copy-alt or follow-alt
+    evidence: int = 0  # length of the copy it continues, or follower count
+    above: int = 0  # n-gram nodes above it on its path (n-gram nodes only)
+    bucket: str | None = None  # ngram.bucket(kind, evidence, above)
     agreed: bool = False  # a drafter candidate the n-gram source also proposed
     contradicted: bool = False  # a drafter candidate whose parent has another n-gram proposal
 
     def to_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return dict(zip(_FIELDS, _GET_FIELDS(self)))
+
+
+_FIELDS = Candidate.__slots__
+_GET_FIELDS = attrgetter(*_FIELDS)  # one C call per candidate: this runs for every candidate of every round
 
 
 def child_of(cands: list[Candidate], parent: int, token: int, source: str, **features) -> Candidate:

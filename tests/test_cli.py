@@ -7,6 +7,7 @@ import orjson
 import pytest
 
 from adaspark_core.record import read_log
+from adaspark_core.replay import replay
 
 from conftest import PROMPTS
 
@@ -98,7 +99,12 @@ def test_the_adaspark_arm_learns_into_its_store_and_a_restart_skips_the_cold_sta
     assert second.returncode == 0, second.stderr
     # no learned width is measured again (a split made at the end of the first run may still be)
     assert learned and not {r.measure for r in read_log(log2)} & learned
-    assert orjson.loads(store.read_bytes())["counts"]["requests"] == 2
+    saved = orjson.loads(store.read_bytes())
+    assert saved["counts"]["requests"] == 2 and saved["sections"]["acceptance"]["requests"] == 2
+    # Replaying both logs through fresh learners reproduces exactly what the store holds.
+    replayed, report = replay([*read_log(log1), *read_log(log2)])
+    assert orjson.loads(orjson.dumps(replayed.state())) == saved["sections"]
+    assert [r.request for r in report.requests] == ["rewrite.txt", "rewrite.txt"]
 
 
 @pytest.mark.model
@@ -115,3 +121,34 @@ def test_raw_mode():
     res = adaspark("decode", "-", "--raw", "--arm", "tree:4", "--max-tokens", 12, "--json", stdin="The capital of France is")
     assert res.returncode == 0, res.stderr
     assert orjson.loads(res.stdout)["prompt_tokens"] < 12
+
+
+FIXTURE_LOG = PROMPTS.parent / "logs" / "rounds.jsonl"
+
+
+def test_replay_reports_on_the_fixture_log():
+    """The checked-in log of a real run of the default model (``make fixture-log``) replays with
+    no mismatch, and the report has every section."""
+    res = adaspark("replay", FIXTURE_LOG)
+    assert res.returncode == 0, res.stderr
+    for heading in ("head-based", "fitted", "requests won", "Calibration", "n-gram-only nodes", "widened"):
+        assert heading in res.stdout
+    rep = orjson.loads(adaspark("replay", FIXTURE_LOG, "--json").stdout)
+    acc, cal, ng = rep["acceptance"], rep["calibration"], rep["ngram"]
+    assert len(acc["requests"]) >= 2 and acc["nodes"] > 0
+    assert {"request", "nodes", "head_loss", "fitted_loss", "change", "fitted_rounds", "tree_rounds", "finish"} <= set(acc["requests"][0])
+    assert 0 <= acc["requests_won"] <= acc["scored_requests"] and 0 <= acc["priced_share"] <= 1
+    assert cal["rounds"] == sum(b["rounds"] for b in cal["bins"]) and len(cal["bins"]) == min(10, cal["rounds"])
+    assert cal["ratio"] == pytest.approx(cal["accepted"] / cal["expected"])
+    assert ng["rows"]["ngram"] > 0 and ng["rounds_with_ngram"] > 0
+    assert 0 <= ng["acceptance_rate"]["ngram"] <= 1
+
+
+def test_replay_bad_input(tmp_path):
+    assert_one_error_line(adaspark("replay", tmp_path / "none.jsonl"), "not found")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"schema": 2, "request": "x"}\n')
+    assert_one_error_line(adaspark("replay", bad), "bad.jsonl:1")
+    ar_only = tmp_path / "ar.jsonl"
+    ar_only.write_bytes(b"".join(line for line in FIXTURE_LOG.read_bytes().splitlines(keepends=True)[:1]).replace(b'"arm":"adaspark"', b'"arm":"ar"'))
+    assert_one_error_line(adaspark("replay", ar_only), "no rounds of a learning arm")

@@ -1,7 +1,8 @@
 import pytest
+import orjson
 
 from adaspark_core.errors import InputError
-from adaspark_core.record import RoundLog, read_log
+from adaspark_core.record import SCHEMA, RoundLog, RoundRecord, read_log
 from adaspark_core.scheduler import Arm, parse_arm, run, stop_cut
 
 from fakes import FakeTarget, cyclic
@@ -77,7 +78,7 @@ def test_round_log_round_trips(tmp_path):
     assert [r.round for r in recs] == list(range(len(recs)))
     assert sum(len(r.emitted) for r in recs) == 10
     for r in recs:
-        assert r.schema == 1 and r.request == "q1"
+        assert r.schema == SCHEMA and r.request == "q1"
         assert len(r.rows) == r.width == len(r.argmax)
         # the accepted path follows the argmax from the anchor, and the bonus is the argmax after it
         row_of = {c: i for i, c in enumerate(r.rows)}
@@ -110,16 +111,13 @@ def test_trees_on_a_recurrent_model_are_refused_with_a_clear_message():
     assert run(t, SEQ * 2, parse_arm("ar"), max_tokens=3).tokens == [11, 12, 13]
 
 
-def test_an_ngram_chain_agrees_with_a_drafter_candidate_and_continues_below_it():
-    from adaspark_core import tree
-    from adaspark_core.ngram import SuffixIndex
-    from adaspark_core.scheduler import add_ngram_chain
-    from adaspark_core.tree import ANCHOR, NGRAM, PICK, SIBLING
-
-    idx = SuffixIndex()
-    idx.extend([5, 6, 7, 8, 5])  # the chain from the anchor (5) is 6, 7, 8, 5
-    cands = [tree.child_of([], ANCHOR, 6, PICK, h=0.9)]
-    cands.append(tree.child_of(cands, ANCHOR, 9, SIBLING, share=0.5))
-    add_ngram_chain(cands, idx, depth_limit=3)
-    assert cands[0].agreed and not cands[1].agreed
-    assert [(c.token, c.parent, c.source) for c in cands[2:]] == [(7, 0, NGRAM), (8, 2, NGRAM)]
+def test_a_schema_1_line_upgrades_with_the_acceptance_fields_unset(tmp_path):
+    path = tmp_path / "rounds.jsonl"
+    with RoundLog(path) as log:
+        run(FakeTarget(cyclic(SEQ)), SEQ * 2 + [11], parse_arm("tree:4"), max_tokens=3, log=log)
+    d = orjson.loads(path.read_bytes().splitlines()[0])
+    for k in ("p_src", "priced", "explored"):
+        del d[k]
+    d["schema"] = 1
+    rec = RoundRecord.from_json(d)
+    assert rec.schema == SCHEMA and rec.p_src is None and rec.priced is None and rec.explored is False

@@ -10,8 +10,9 @@ from adaspark_core.engine.sim import (
     CURVES, EOG, SENTINEL, CostCurve, DraftParams, Interference, SimText, VirtualClock,
     best_pinned, expected_rate, expected_tokens, make_sim, rows_verified, tree_shape,
 )
-from adaspark_core.ngram import SuffixIndex
-from adaspark_core.scheduler import Generation, parse_arm, prior_q
+from adaspark_core.ngram import SuffixIndex, fill
+from adaspark_core.acceptance import head_q
+from adaspark_core.scheduler import Generation, parse_arm
 
 
 def _generation(target, prompt, arm, max_tokens, clock, drafter):
@@ -101,10 +102,15 @@ def test_text_is_lazy_and_reproducible():
     assert len(set(text)) == len(text)  # no repeats, so the n-gram source never fires
     index = SuffixIndex()
     index.extend(text)
-    assert index.chain(32) == ([], 0)
+    cands = []
+    fill(cands, index, 32)
+    assert cands == []
 
 
-def test_prior_prices_candidates_at_their_true_probability():
+def test_the_head_based_estimate_prices_candidates_at_their_true_probability():
+    def prior_q(c):
+        return head_q(c.to_dict(), 0.5)
+
     p = DraftParams()
     cands = tree_shape(p, 7)
     assert len(cands) == 7 * 8

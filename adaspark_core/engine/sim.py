@@ -21,7 +21,7 @@ import bisect
 import random
 from dataclasses import dataclass
 
-from ..scheduler import prior_q
+from ..acceptance import head_q
 from ..tree import ANCHOR, PICK, SIBLING, Candidate, Layout, best_first, child_of, path_products
 from .base import Verified
 
@@ -381,9 +381,9 @@ def tree_shape(params: DraftParams, depth_limit: int) -> list[Candidate]:
     """The candidates of one block with their features and no tokens (token 0), depth by depth:
     at each depth the pick, then its K-1 siblings (paper 2.2, Figure 1).
 
-    The features make ``scheduler.prior_q`` return the true conditional probability:
-    pick.h = a_i, so q = a_i; sibling.h = a_i and sibling.share = s r_k, so
-    q = share (1 - h) = (1 - a_i) s r_k = P(sibling right | parent right)."""
+    The features make the head-based estimate (``acceptance.head_q``) the true conditional
+    probability: pick.h = a_i, so q = a_i; sibling.sigma = a_i (the pick's share) and sibling.share
+    = s r_k, so q = share (1 - sigma) = (1 - a_i) s r_k = P(sibling right | parent right)."""
     cands: list[Candidate] = []
     parent = ANCHOR
     for i in range(1, min(params.block, depth_limit) + 1):
@@ -391,7 +391,7 @@ def tree_shape(params: DraftParams, depth_limit: int) -> list[Candidate]:
         pick = child_of(cands, parent, 0, PICK, h=a, share=None)
         cands.append(pick)
         for r in params.shares:
-            cands.append(child_of(cands, parent, 0, SIBLING, h=a, share=params.sibling_hit * r))
+            cands.append(child_of(cands, parent, 0, SIBLING, h=a, share=params.sibling_hit * r, sigma=a))
         parent = len(cands) - 1 - len(params.shares)  # the pick of this depth
     return cands
 
@@ -464,10 +464,10 @@ class SimDrafter:
 def expected_tokens(params: DraftParams, width: int) -> float:
     """Expected committed tokens per round at a pinned width: 1 (the bonus) + S(n), the sum of Q
     over the best-first prefix of n-1 candidates (Eq. 1, Proposition 1), with q the true
-    conditional probabilities (which ``prior_q`` reproduces) and the scheduler's order and ties."""
+    conditional probabilities (which ``head_q`` reproduces) and the scheduler's order and ties."""
     cands = tree_shape(params, width - 1)
     for c in cands:
-        c.q = prior_q(c)
+        c.q = head_q(c.to_dict(), 0.5)
     big_q = path_products(cands)
     order = best_first(big_q)
     return 1.0 + sum(big_q[j] for j in order[: width - 1])

@@ -1,0 +1,350 @@
+"""The acceptance model (paper 3.3, Eq. 6) and the head-based estimate it competes with.
+
+Both give every candidate q = P(accepted | parent accepted). The fitted model shares one softmax
+per parent over all its candidates, placed in the tree or not, plus the explicit "none" outcome
+(at most one child of an accepted parent is the target's argmax):
+
+    q_j = exp(s_j) / (1 + sum_{i in cand(parent)} exp(s_i))
+
+    pick:    s = a0 + a1 logit h + a2 logit sigma + psi + b_req
+    sibling: s = a3 + a4 log r + a5 logit h + a6 logit sigma + psi + b_req
+    n-gram:  s = logit p_src + w_bucket + psi + b_req
+
+psi is the context term (and, for drafter candidates, a depth term). A drafter candidate the n-gram
+source also proposed (agreed) adds max(0, logit p_src) and its agreed bucket's weight; one whose
+parent has a different n-gram proposal (contradicted) subtracts max(0, logit p_src) and adds its
+contradiction bucket's weight.
+
+Learning: every coefficient starts from a prior derived from the features' definitions (pick
+ln 2 + logit h, sibling log r, everything else 0: with the siblings' r summing to 1 this prices a
+pick at exactly h) and moves by FTRL-Proximal on its deviation from the prior, gated at 3 sqrt(m).
+The request intercept b_req adapts by AdaGrad and restarts with each request. After each round
+every candidate of every accepted parent is labelled, placed or not.
+
+The head-based estimate is the drafter's own: a pick's confidence head h, a sibling's share of the
+top-K softmax mass r (1 - sigma), an n-gram node's source precision p_src, all shifted by a
+per-request logit offset (AdaGrad). A guard scores each round's labels under both models before
+either learns from them; the fitted model prices the tree only while its decayed log loss per
+labelled node is the lower.
+
+Exploration: every 16th tree round that has n-gram candidates, the last row goes to the n-gram
+frontier node of the bucket with the fewest labels, so a bucket priced too low gets corrected.
+
+Everything reads the candidates as the round record's dicts (``Candidate.to_dict()``), so a live
+run and its replay from the log run the same code on the same inputs.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from .ngram import evidence_bin
+from .online import AdaGradScalar, Decayed, GatedFTRL
+from .tree import ANCHOR, NGRAM, PICK, SIBLING
+
+FITTED, HEAD = "fitted", "head"
+
+_P_CLIP = 1e-4  # probabilities are clipped to [1e-4, 1 - 1e-4] before a logit (|logit| <= 9.2)
+_S_CLIP = 30.0  # scores are clipped before exp
+_LOSS_CLIP = 1e-6  # q is clipped to [1e-6, 1 - 1e-6] inside a log loss
+
+
+def logit(p: float) -> float:
+    p = min(max(p, _P_CLIP), 1.0 - _P_CLIP)
+    return math.log(p / (1.0 - p))
+
+
+def sigmoid(x: float) -> float:
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+def node_loss(q: float, y: bool) -> float:
+    """Binary log loss of one labelled node."""
+    q = min(max(q, _LOSS_CLIP), 1.0 - _LOSS_CLIP)
+    return -math.log(q if y else 1.0 - q)
+
+
+@dataclass(frozen=True)
+class AcceptParams:
+    """Table 14's acceptance-model constants, plus the unit of the context term."""
+
+    coef_rate: float = 0.05  # drafter, depth and context terms: FTRL rate, stabiliser, L2
+    coef_beta: float = 1.0
+    coef_l2: float = 0.01
+    bucket_rate: float = 0.5  # n-gram, agreed and contradiction buckets
+    gate: float = 3.0  # a coefficient leaves its prior once |accumulated gradient| > 3 sqrt(m)
+    n_cap: float = 400.0
+    intercept_rate: float = 0.15
+    intercept_band: float = 2.0
+    intercept_cap: float = 16.0
+    offset_rate: float = 0.15
+    offset_band: float = 2.0
+    guard_half_life: float = 256.0  # labelled parents
+    explore_every: int = 16  # tree rounds with n-gram candidates
+    context_unit: float = 1024.0  # psi = w ln(1 + c / unit): ~0.4 at 500 tokens, ~2.2 at 8,000
+
+
+# The prior of every drafter coefficient (paper 3.3, "Learning"); every other weight starts at 0.
+PRIOR = {"a0": math.log(2.0), "a1": 1.0, "a4": 1.0}
+
+
+def head_q(c: dict, p_src: float, offset: float = 0.0) -> float:
+    """The head-based estimate of one candidate, shifted by the per-request logit ``offset``."""
+    src = c["source"]
+    if src == NGRAM:
+        base = p_src
+    elif src == PICK:
+        base = c["h"] if c["h"] is not None else (c["share"] if c["share"] is not None else 0.5)
+    elif src == SIBLING:
+        r = c["share"] if c["share"] is not None else 0.0
+        sigma = c.get("sigma")
+        base = r * (1.0 - sigma) if sigma is not None else r * (1.0 - (c["h"] if c["h"] is not None else 0.5))
+    else:
+        raise ValueError(f"unknown source {src!r}")
+    if offset == 0.0:
+        return min(max(base, 0.0), 1.0)
+    return sigmoid(logit(base) + offset)
+
+
+def features(c: dict, ctx: float, lp: float, lg=logit) -> tuple[float, list[tuple[str, float]], list[tuple[str, float]]]:
+    """(fixed part of the score, coefficient features, bucket features) of one candidate's s_j,
+    the request intercept excluded. ``ctx`` is the context feature, ``lp`` = logit p_src, ``lg``
+    the logit (a caller may pass a memoised one: a block's siblings share h and sigma). The fixed
+    part carries the terms with no coefficient: an n-gram node's logit p_src and the agreed /
+    contradicted max(0, logit p_src)."""
+    coef = [("ctx", ctx)]
+    src = c["source"]
+    if src == NGRAM:
+        return lp, coef, [("ng:" + c["bucket"], 1.0)]
+    h, share, sigma = c["h"], c["share"], c.get("sigma")
+    if src == PICK:
+        coef.append(("a0", 1.0))
+        if h is not None:
+            coef.append(("a1", lg(h)))
+        if share is not None:
+            coef.append(("a2", lg(share)))
+    else:
+        coef.append(("a3", 1.0))
+        if share is not None:
+            coef.append(("a4", math.log(max(share, _P_CLIP))))
+        if h is not None:
+            coef.append(("a5", lg(h)))
+        if sigma is not None:
+            coef.append(("a6", lg(sigma)))
+    if c["depth"] >= 2:
+        coef.append((_DEPTH_KEYS[min(c["depth"], len(_DEPTH_KEYS) - 1)], 1.0))
+    if c["agreed"]:
+        return max(0.0, lp), coef, [(f"agree:{c['bucket']}:{src}", 1.0)]
+    if c["contradicted"]:
+        return -max(0.0, lp), coef, [(f"contra:{c['kind']}/{evidence_bin(c['kind'], c['evidence'])}:{src}", 1.0)]
+    return 0.0, coef, []
+
+
+_DEPTH_KEYS = [None, None] + [f"depth{d}" for d in range(2, 9)]  # depth 8 stands for 8 and deeper
+
+
+def children_of(cands: list[dict]) -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for j, c in enumerate(cands):
+        kids.setdefault(c["parent"], []).append(j)
+    return kids
+
+
+@dataclass(slots=True)
+class Pricing:
+    """One round's two estimates for every candidate, and which one prices the tree."""
+
+    fitted: list[float]
+    head: list[float]
+    priced: str  # FITTED or HEAD
+    feats: list[tuple[float, dict, dict]]
+    kids: dict[int, list[int]]
+
+    @property
+    def q(self) -> list[float]:
+        return self.fitted if self.priced == FITTED else self.head
+
+
+@dataclass(slots=True)
+class RoundScore:
+    """A round's labels scored before learning: summed node losses of both models."""
+
+    nodes: int = 0
+    parents: int = 0
+    head_loss: float = 0.0
+    fitted_loss: float = 0.0
+
+
+class AcceptanceModel:
+    """Eq. 6, its learning, the head-based estimate and the guard between them.
+
+    ``fitted_allowed=False`` (the ``cost`` arm) prices with the head-based estimate always; the
+    model still learns, so the guard's record is the same either way."""
+
+    def __init__(self, params: AcceptParams | None = None, fitted_allowed: bool = True):
+        self.p = p = params or AcceptParams()
+        self.fitted_allowed = fitted_allowed
+        self.coef = GatedFTRL(p.coef_rate, p.coef_beta, p.coef_l2, p.n_cap, p.gate, center=PRIOR)
+        self.buckets = GatedFTRL(p.bucket_rate, p.coef_beta, p.coef_l2, p.n_cap, p.gate)
+        self.intercept = AdaGradScalar(p.intercept_rate, p.intercept_band, p.intercept_cap)
+        self.offset = AdaGradScalar(p.offset_rate, p.offset_band)
+        # Decayed summed node losses over labelled parents; y counts the labelled nodes.
+        self.guard_head = Decayed(p.guard_half_life)
+        self.guard_fitted = Decayed(p.guard_half_life)
+        self.explore_count = 0  # tree rounds with n-gram candidates
+        self.requests = 0
+        self._last: tuple[list[dict], Pricing] | None = None
+
+    # --- per request ---
+
+    def start_request(self) -> None:
+        """The intercept and the offset restart with each request; the coefficients persist."""
+        self.intercept.reset()
+        self.offset.reset()
+        self.requests += 1
+
+    # --- pricing ---
+
+    @property
+    def fitted_prices(self) -> bool:
+        """The guard: the fitted model prices while its decayed log loss per node is lower."""
+        if not self.fitted_allowed or self.guard_head.y <= 0:
+            return False
+        return self.guard_fitted.x < self.guard_head.x
+
+    def price(self, cands: list[dict], context: int, p_src: float) -> Pricing:
+        """Both estimates for every candidate of a round (Eq. 6 over every parent's candidates,
+        placed or not, so each q is fixed before the tree is chosen)."""
+        b_req, off = self.intercept.value, self.offset.value
+        wc, wb = self.coef.weight, self.buckets.weight
+        ctx, lp = math.log1p(context / self.p.context_unit), logit(p_src)
+        lg = functools.lru_cache(maxsize=None)(logit)  # one block's siblings share h and sigma
+        feats = [features(c, ctx, lp, lg) for c in cands]
+        scores = []
+        for fixed, coef, buckets in feats:
+            s = fixed + b_req
+            for k, x in coef:
+                s += wc(k) * x
+            for k, x in buckets:
+                s += wb(k) * x
+            scores.append(min(max(s, -_S_CLIP), _S_CLIP))
+        kids = children_of(cands)
+        fitted = [0.0] * len(cands)
+        for group in kids.values():
+            e = [math.exp(scores[j]) for j in group]
+            denom = 1.0 + sum(e)
+            for j, ej in zip(group, e):
+                fitted[j] = ej / denom
+        head = [head_q(c, p_src, off) for c in cands]
+        pricing = Pricing(fitted, head, FITTED if self.fitted_prices else HEAD, feats, kids)
+        self._last = (cands, pricing)
+        return pricing
+
+    # --- exploration ---
+
+    def explore(self, cands: list[dict], order: list[int], width: int) -> list[int] | None:
+        """The candidates to verify when this round explores, else None.
+
+        Counts tree rounds (two rows or more) with n-gram candidates; on every ``explore_every``-th
+        the last row of the best-first prefix goes to a frontier n-gram node (its parent in the
+        tree without that row, itself outside the prefix) of the bucket with the fewest labels
+        (ties to the better-ranked node): a bucket priced too low is never placed by best-first
+        order, so the nodes below it would never be labelled."""
+        if width < 2 or not any(c["source"] == NGRAM for c in cands):
+            return None
+        self.explore_count += 1
+        if self.explore_count % self.p.explore_every:
+            return None
+        chosen = order[: width - 2]  # the prefix without its last node is still a tree
+        placed = set(chosen)
+        best = None
+        for rank, j in enumerate(order[width - 1 :], start=width - 1):
+            c = cands[j]
+            if c["source"] != NGRAM or not (c["parent"] == ANCHOR or c["parent"] in placed):
+                continue
+            key = (self.buckets.m.get("ng:" + c["bucket"], 0), rank)
+            if best is None or key < best[0]:
+                best = (key, j)
+        if best is None:
+            return None  # no n-gram node outside the tree hangs from it
+        return chosen + [best[1]]
+
+    # --- learning ---
+
+    def learn(self, rec) -> RoundScore:
+        """Guard, then learn from every candidate of every accepted parent. Returns the round's
+        labels scored under both models before either learned."""
+        cands = rec.candidates
+        score = RoundScore()
+        if not cands:
+            return score
+        if self._last is not None and self._last[0] is cands:
+            pricing = self._last[1]
+        else:
+            pricing = self.price(cands, rec.context, rec.p_src if rec.p_src is not None else 0.5)
+        self._last = None
+        row_of = {j: r for r, j in enumerate(rec.rows)}  # the anchor's row is ANCHOR -> 0
+        steps = []
+        for parent in [ANCHOR, *rec.path]:
+            group = pricing.kids.get(parent)
+            if not group:
+                continue
+            truth = rec.argmax[row_of[parent]]
+            labels = [cands[j]["token"] == truth for j in group]
+            lf = sum(node_loss(pricing.fitted[j], y) for j, y in zip(group, labels))
+            lh = sum(node_loss(pricing.head[j], y) for j, y in zip(group, labels))
+            self.guard_fitted.add(lf, len(group))
+            self.guard_head.add(lh, len(group))
+            score.nodes += len(group)
+            score.parents += 1
+            score.fitted_loss += lf
+            score.head_loss += lh
+            steps.append((group, labels))
+        # Learn only after every label of the round was scored (the guard's rule), from the q of
+        # the round's start: one FTRL step per labelled parent.
+        for group, labels in steps:
+            g_coef: dict[str, float] = {}
+            g_bucket: dict[str, float] = {}
+            g_req = g_off = 0.0
+            for j, y in zip(group, labels):
+                g = pricing.fitted[j] - y  # d(-log softmax)/ds_j
+                g_req += g
+                g_off += pricing.head[j] - y  # d(node log loss)/d(logit offset)
+                _, coef, buckets = pricing.feats[j]
+                for k, x in coef:
+                    g_coef[k] = g_coef.get(k, 0.0) + g * x
+                for k, x in buckets:
+                    g_bucket[k] = g_bucket.get(k, 0.0) + g * x
+            self.coef.update(g_coef)
+            self.buckets.update(g_bucket)
+            self.intercept.update(g_req)
+            self.offset.update(g_off)
+        return score
+
+    # --- persistence (the intercept and offset are per request and not stored) ---
+
+    def state(self) -> dict:
+        return {"coef": self.coef.state(), "buckets": self.buckets.state(),
+                "guard": {"head": self.guard_head.state(), "fitted": self.guard_fitted.state()},
+                "explore_count": self.explore_count, "requests": self.requests}
+
+    @classmethod
+    def from_state(cls, st: dict, params: AcceptParams | None = None, fitted_allowed: bool = True) -> "AcceptanceModel":
+        m = cls(params, fitted_allowed)
+        m.coef.load(st["coef"])
+        m.buckets.load(st["buckets"])
+        m.guard_head.load(st["guard"]["head"])
+        m.guard_fitted.load(st["guard"]["fitted"])
+        m.explore_count = int(st["explore_count"])
+        m.requests = int(st["requests"])
+        return m
+
+    def weights(self) -> dict[str, dict[str, float]]:
+        """Every coefficient and bucket weight that has moved or has a prior (for `store show`)."""
+        return {"coef": {k: self.coef.weight(k) for k in sorted(set(self.coef.z) | set(PRIOR))},
+                "buckets": {k: self.buckets.weight(k) for k in sorted(self.buckets.z)}}

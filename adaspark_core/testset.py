@@ -1,0 +1,62 @@
+"""The conversation sets of the paper's Appendix A (``../shared/testset``, DESIGN.md) and any file
+of the same format: ``{"set", "provenance", "subset", "conversations": [...]}``; a conversation
+has ``name``, ``kind``, ``source`` and ``turns``, a turn ``kind``, ``type`` and ``text`` (and, in
+tool-use sets, ``result``: the recorded tool result returned after the model's reply)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from .errors import InputError
+
+# Serving order of the paper's sources (Appendix A, the testset README's table).
+SOURCES = ["specbench", "speedbench", "wildchat", "convfinqa", "toolace", "longbench"]
+
+
+def default_dir() -> Path:
+    """``../shared/testset`` beside the repository."""
+    return Path(__file__).resolve().parent.parent.parent / "shared" / "testset"
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    set: str
+    name: str
+    kind: str
+    turns: tuple[dict, ...]
+
+
+def load(path: Path) -> list[Conversation]:
+    """The conversations of one set file; InputError naming the file for anything malformed."""
+    try:
+        d = orjson.loads(Path(path).read_bytes())
+        convs = d["conversations"]
+        name = d.get("set") or Path(path).stem
+        out = [Conversation(name, c["name"], c["kind"], tuple(c["turns"])) for c in convs]
+        if any(not isinstance(t.get("text"), str) for c in out for t in c.turns):
+            raise ValueError("a turn has no text")
+        return out
+    except OSError as e:
+        raise InputError(f"cannot read the conversation set {path}: {e.strerror}") from None
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
+        raise InputError(f"{path} is not a conversation set ({e})") from None
+
+
+def load_sources(names: list[str], directory: Path | None = None) -> list[Conversation]:
+    """Conversations of the named sources (``specbench`` or ``specbench:rag,summarization`` to
+    keep only some kinds), in the order given."""
+    directory = directory or default_dir()
+    out: list[Conversation] = []
+    for spec in names:
+        source, _, kinds = spec.partition(":")
+        convs = load(directory / f"{source}.json")
+        keep = set(kinds.split(",")) if kinds else None
+        out += [c for c in convs if keep is None or c.kind in keep]
+    return out
+
+
+def user_message(turn: dict) -> dict:
+    return {"role": "user", "content": turn["text"]}
