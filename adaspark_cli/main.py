@@ -83,11 +83,15 @@ def decode(
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", min=16, help="Context size (default: the model's, at most 8192)."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads (default: all)."),
     store: Optional[Path] = typer.Option(None, "--store", help="Learned state for the learning arms (default: one per model and machine, in the cache)."),
+    drafter: str = typer.Option("none", "--drafter", help="none (n-gram candidates only) or model:FILE (a draft model with the target's vocabulary)."),
+    block: int = typer.Option(4, "--block", min=1, help="Positions a model drafter proposes per round (B)."),
+    top_k: int = typer.Option(8, "--top-k", min=1, help="Candidates a model drafter keeps per position (K)."),
 ) -> None:
     """Decode a reply to PROMPT_FILE, streaming it to stdout; a summary goes to stderr.
 
     Arms: ar, chain:N (at most N draft tokens), tree:N (N rows), pinned:N (N rows, learners on),
     cost (learned width, no n-gram), adaspark (learned width with n-gram candidates)."""
+    from adaspark_core.engine.drafters import make_drafter
     from adaspark_core.engine.llama import LlamaModel, LlamaTarget
     from adaspark_core.models import resolve_model
     from adaspark_core.record import RoundLog
@@ -103,9 +107,11 @@ def decode(
         else:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
             prompt = lm.chat_prompt(messages)
+        the_drafter = make_drafter(drafter, lm, target.n_ctx, threads, block, top_k)
         learned = open_learned(store, lm.path) if the_arm.learns else None
         learners = learned[1] if learned else None
-        gen = Generation(target, prompt, the_arm, max_tokens, request_id=Path(prompt_file).name, learners=learners)
+        gen = Generation(target, prompt, the_arm, max_tokens, request_id=Path(prompt_file).name, learners=learners,
+                         drafter=the_drafter)
         try:
             gen.log = RoundLog(log) if log else None
         except OSError as e:

@@ -171,9 +171,14 @@ class WidthClass:
         self.top = top
         self.law = Law(p.law)
         self.count = 0  # verifies measured at exactly this width
-        # measured / law over the last verifies. Stored, unlike the paper's: a restart then
-        # continues exactly where it stopped, and a replayed log reproduces the live state.
-        self.level: deque[float] = deque(maxlen=p.level_window)
+        # measured / law over the last verifies, per context band (band_of). Stored, unlike the
+        # paper's: a restart then continues exactly where it stopped, and a replayed log
+        # reproduces the live state. Per band, unlike the paper's one window: a level measured at
+        # one context corrects the law's error there, which at another context is another error
+        # (on the simulated CPU curves a class that ran at 3,200 tokens kept a level 22% high at
+        # 1,600, priced itself out, and the chooser settled on plain decoding for good).
+        self.level: dict[int, deque[float]] = {}
+        self.level_window = p.level_window
         self.d_ref = 0.0  # D when last measured
         self.short = 0  # measuring rounds whose tree came out narrower than this width
         self.widest_short = 0
@@ -209,9 +214,10 @@ class CostModel:
         """Eq. 5: law(c) x level x D_now / D_k, for a measured class, in ms."""
         k = self.classes[w]
         t = k.law.value(c)
-        if k.level:
+        level = k.level.get(band_of(c))
+        if level:
             lo, hi = self.p.level_clamp
-            t *= min(max(min(k.level), lo), hi)
+            t *= min(max(min(level), lo), hi)
         return t * self._clock(k)
 
     def _clock(self, k: WidthClass) -> float:
@@ -248,7 +254,8 @@ class CostModel:
         if k is not None:
             t = rec.times.verify
             if k.law.samples >= k.law.p.min_samples:
-                k.level.append(t / k.law.value(rec.context))
+                band = band_of(rec.context)
+                k.level.setdefault(band, deque(maxlen=k.level_window)).append(t / k.law.value(rec.context))
             k.law.observe(rec.context, t)
             k.count += 1
             k.d_ref = self.d_now()
@@ -303,7 +310,7 @@ class CostModel:
         return {
             "rounds": self.rounds,
             "d_recent": list(self.d_recent),
-            "classes": {str(w): {"count": k.count, "d_ref": k.d_ref, "short": k.short, "level": list(k.level),
+            "classes": {str(w): {"count": k.count, "d_ref": k.d_ref, "short": k.short, "level": {str(b): list(v) for b, v in k.level.items()},
                                  "widest_short": k.widest_short, "law": k.law.state()}
                         for w, k in self.classes.items()},
         }
@@ -318,7 +325,7 @@ class CostModel:
             k = WidthClass(int(w), m.p)
             k.count, k.d_ref = int(ks["count"]), float(ks["d_ref"])
             k.short, k.widest_short = int(ks["short"]), int(ks["widest_short"])
-            k.level.extend(float(v) for v in ks["level"])
+            k.level = {int(b): deque((float(x) for x in v), maxlen=m.p.level_window) for b, v in ks["level"].items()}
             k.law.load(ks["law"])
             m.classes[int(w)] = k
         return m

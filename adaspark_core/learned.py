@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .acceptance import AcceptanceModel
 from .chooser import AdaptiveWidth
+from .store import StoreError
 
 WIDTH_SECTION = "width"
 ACCEPTANCE_SECTION = "acceptance"
@@ -26,8 +27,13 @@ class Learners:
     def from_store(cls, store) -> "Learners":
         """The learners restored from ``store``'s sections, fresh where a section is absent."""
         width, accept = store.get(WIDTH_SECTION), store.get(ACCEPTANCE_SECTION)
-        return cls(AdaptiveWidth.from_state(width) if width else AdaptiveWidth(),
-                   AcceptanceModel.from_state(accept) if accept else AcceptanceModel())
+        try:
+            return cls(AdaptiveWidth.from_state(width) if width else AdaptiveWidth(),
+                       AcceptanceModel.from_state(accept) if accept else AcceptanceModel())
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise StoreError(f"the store {store.path} has a learner section this version cannot read "
+                             f"({type(e).__name__}: {e}); it was left as is: move it away or run "
+                             f"`adaspark store reset`") from None
 
     def to_store(self, store) -> None:
         store.put(WIDTH_SECTION, self.policy.state())

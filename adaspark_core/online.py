@@ -102,10 +102,18 @@ class GatedFTRL:
 
     The acceptance model's solver (paper 3.3, Table 14). Coordinates are created on first use (a
     new n-gram bucket is just a new key) and start at their prior ``center`` (0 if absent). A
-    coordinate leaves its prior only once its accumulated gradient exceeds ``gate * sqrt(m)``
-    after ``m`` updates: the L1 threshold of FTRL-Proximal grows with the square root of the
-    updates, so a coordinate whose gradients are noise around zero (|z| ~ sqrt(m)) stays at the
-    prior, and one with a consistent sign leaves it, continuously (soft threshold, no jump).
+    coordinate leaves its prior only once its accumulated gradient exceeds ``gate`` times the
+    square root of its accumulated squared gradient: the L1 threshold of FTRL-Proximal grows like
+    the noise of a sum of m gradients, so a coordinate whose gradients are noise around zero stays
+    at the prior and one with a consistent sign leaves it, continuously (soft threshold, no jump).
+
+    The paper states the gate as 3 sqrt(m) after m updates, which is this test for gradients of
+    unit size. Log-loss gradients of a node are |q - y| <= 1 and typically 0.3-0.5, so the literal
+    form is a 6-10 sigma test: on a real run of the default model (16 ConvFinQA replies, ~2,000
+    labels) it held every n-gram bucket at its prior, the deepest copy bucket at 154 labels with a
+    gradient sum of -26 against a gate of 37, while those nodes were accepted 0.8 of the time
+    against 0.65 predicted. Measuring the noise by the gradients themselves keeps the 3-sigma
+    meaning at any gradient scale.
     """
 
     def __init__(self, alpha: float, beta: float = 1.0, l2: float = 0.01, n_cap: float = 400.0,
@@ -113,8 +121,9 @@ class GatedFTRL:
         self.alpha, self.beta, self.l2, self.n_cap, self.gate = alpha, beta, l2, n_cap, gate
         self.center = dict(center or {})
         self.z: dict[str, float] = {}
-        self.n: dict[str, float] = {}
-        self.m: dict[str, int] = {}
+        self.n: dict[str, float] = {}  # squared gradients, capped: the FTRL rate
+        self.v: dict[str, float] = {}  # squared gradients, uncapped: the gate's noise scale
+        self.m: dict[str, int] = {}  # updates (labels, for the acceptance model's exploration)
         self._w: dict[str, float] = {}  # weights of coordinates updated since, read lazily
 
     def weight(self, key: str) -> float:
@@ -122,7 +131,7 @@ class GatedFTRL:
         if w is None:
             w = self.center.get(key, 0.0)
             z = self.z.get(key, 0.0)
-            threshold = self.gate * math.sqrt(self.m.get(key, 0))
+            threshold = self.gate * math.sqrt(self.v.get(key, 0.0))
             if abs(z) > threshold:
                 w -= (z - math.copysign(threshold, z)) / ((self.beta + math.sqrt(self.n[key])) / self.alpha + self.l2)
             self._w[key] = w
@@ -137,15 +146,17 @@ class GatedFTRL:
             sigma = (math.sqrt(n_new) - math.sqrt(n_old)) / self.alpha
             self.z[key] = self.z.get(key, 0.0) + g - sigma * (w - self.center.get(key, 0.0))
             self.n[key] = n_new
+            self.v[key] = self.v.get(key, 0.0) + g * g
             self.m[key] = self.m.get(key, 0) + 1
             self._w.pop(key, None)
 
     def state(self) -> dict:
-        return {"z": dict(self.z), "n": dict(self.n), "m": dict(self.m)}
+        return {"z": dict(self.z), "n": dict(self.n), "v": dict(self.v), "m": dict(self.m)}
 
     def load(self, state: dict) -> "GatedFTRL":
         self.z = {k: float(v) for k, v in state["z"].items()}
         self.n = {k: float(v) for k, v in state["n"].items()}
+        self.v = {k: float(v) for k, v in state["v"].items()}
         self.m = {k: int(v) for k, v in state["m"].items()}
         self._w = {}
         return self

@@ -38,10 +38,21 @@ from .errors import InputError
 from .schema import apply_upgrades
 from .models import home
 
-SCHEMA = 1
+SCHEMA = 2
+
+
+def _levels_per_band(d: dict) -> dict:
+    """1 -> 2: the cost model keeps its level window per context band. A schema-1 window has no
+    contexts, so it is dropped (8 verifies rebuild it)."""
+    classes = d.get("sections", {}).get("width", {}).get("cost", {}).get("classes", {})
+    for k in classes.values():
+        if isinstance(k, dict) and isinstance(k.get("level"), list):
+            k["level"] = {}
+    return d
+
 
 # Append-only: UPGRADES[i] maps a store dict of schema i+1 to schema i+2. Never edit an entry.
-UPGRADES: list[Callable[[dict], dict]] = []
+UPGRADES: list[Callable[[dict], dict]] = [_levels_per_band]
 
 _CHUNK = 1 << 20  # hash models in 1 MiB chunks: constant memory for any model size
 _DUMP = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY

@@ -57,34 +57,32 @@ def test_fitted_coefficients_approach_a_law_of_the_models_form():
     model = AcceptanceModel()
     true_loss = fitted_loss = 0.0
     n_late = 0
-    intercepts = []  # the request intercept at the end of each request
     for i in range(40_000):
         if i % 400 == 0:
-            if i:
-                intercepts.append(model.intercept.value)
             model.start_request()
         cands, q_true = drafter_parent(rng)
         right = draw(rng, q_true)
         truth = cands[right]["token"] if right is not None else NONE
-        pricing = model.price(cands, 600, 0.5)
+        # Contexts log-uniform over 128-8,192 tokens; no effect in this law, so the context term
+        # must stay near 0.
+        context = round(128 * 64 ** rng.random())
+        pricing = model.price(cands, context, 0.5)
         if i >= 30_000:  # score the last quarter before learning, like the guard
             for c, qt, qf in zip(cands, q_true, pricing.fitted):
                 y = c["token"] == truth
                 true_loss += node_loss(qt, y)
                 fitted_loss += node_loss(qf, y)
                 n_late += 1
-        model.learn(record(cands, [truth], [ANCHOR], []))
+        model.learn(record(cands, [truth], [ANCHOR], [], context=context))
     w = {k: model.coef.weight(k) for k in TRUE}
-    # The intercepts a0, a3 and the request intercept b_req are one direction shared by every
-    # candidate: b_req (fast, per request) absorbs their common shift, and a0 + b_req, a3 + b_req
-    # are what is identified. The slopes are identified on their own.
-    b = sum(intercepts[-20:]) / 20
-    w["a0"] += b
-    w["a3"] += b
-    for k, v in TRUE.items():
-        assert w[k] == pytest.approx(v, abs=0.25), (k, w)
+    # The intercepts a0, a3 and the request intercept b_req share one direction (every candidate
+    # has it): b_req, fast and restarted per request, takes part of their common shift, so what
+    # is identified is the slopes and the difference a0 - a3; the fitted loss checks the level.
+    for k in ("a1", "a2", "a4", "a5", "a6"):
+        assert w[k] == pytest.approx(TRUE[k], abs=0.25), (k, w)
+    assert w["a0"] - w["a3"] == pytest.approx(TRUE["a0"] - TRUE["a3"], abs=0.25), w
     assert fitted_loss / n_late < 1.02 * true_loss / n_late
-    assert abs(model.coef.weight("ctx")) < 0.2  # the context term has no effect in this law
+    assert abs(model.coef.weight("ctx")) < 0.1
 
 
 def test_the_prior_prices_a_pick_at_its_head_when_the_siblings_share_sums_to_one():
@@ -205,15 +203,19 @@ def run_exploration(every: int, rounds: int = 8000):
 
 def test_exploration_corrects_a_bucket_that_best_first_never_places():
     z = "ng:" + bucket("copy", 5, 1)  # Z hangs below Y, which a 2-row tree never places (M1 wins)
+
+    def q_z(model):
+        model.start_request()
+        return model.price(ngram_round(), 600, 0.2).fitted[4]
+
     without, n0 = run_exploration(every=10**9)
-    assert n0 == 0 and without.buckets.m.get(z, 0) == 0
+    assert n0 == 0 and without.buckets.m.get(z, 0) < 5  # best-first placed Y once or twice at most
     model, n = run_exploration(every=16)
     assert n == pytest.approx(8000 / 16, abs=2)
     assert model.buckets.m[z] > 40  # Y was placed by exploration, so Z got labels
-    # Z is right 95% of the time after Y, far above the prior's p_src = 0.2: its weight leaves the
-    # prior (once past the 3 sqrt(m) gate) and rises.
-    assert model.buckets.weight(z) > 0.75
-    assert without.buckets.weight(z) == 0.0
+    # Z is right 95% of the time after Y, far above the prior's p_src = 0.2. Without labels its
+    # price moves only through the terms it shares with M2 (copy nodes one below an n-gram node).
+    assert q_z(model) > 0.75 and q_z(without) < 0.5
 
 
 # --- Corollary 4 ------------------------------------------------------------------------------

@@ -152,3 +152,20 @@ def test_replay_bad_input(tmp_path):
     ar_only = tmp_path / "ar.jsonl"
     ar_only.write_bytes(b"".join(line for line in FIXTURE_LOG.read_bytes().splitlines(keepends=True)[:1]).replace(b'"arm":"adaspark"', b'"arm":"ar"'))
     assert_one_error_line(adaspark("replay", ar_only), "no rounds of a learning arm")
+
+
+@pytest.mark.model
+def test_bad_drafters(tmp_path, default_model_path):
+    prompt = PROMPTS / "story.txt"
+    assert_one_error_line(adaspark("decode", prompt, "--drafter", f"model:{tmp_path / 'nope.gguf'}"), "not found")
+    assert_one_error_line(adaspark("decode", prompt, "--drafter", "bogus"), "unknown drafter")
+    assert_one_error_line(adaspark("decode", prompt, "--drafter", f"dspark:{default_model_path}"), "DSpark")
+
+
+@pytest.mark.model
+def test_decode_with_a_draft_model(default_model_path):
+    res = adaspark("decode", PROMPTS / "rewrite.txt", "--arm", "tree:8", "--drafter", f"model:{default_model_path}",
+                   "--block", 3, "--top-k", 2, "-n", 40, "--json")
+    assert res.returncode == 0, res.stderr
+    out = orjson.loads(res.stdout)
+    assert out["generated_tokens"] == 40 and out["tokens_per_round"] > 2

@@ -127,12 +127,39 @@ def test_bad_store_raises_and_is_left_as_is(tmp_path, content, words):
 
 
 def test_upgrades_are_applied(tmp_path, monkeypatch):
-    # A schema-1 file read by a (simulated) schema-2 build goes through UPGRADES[0].
+    # A current file read by a (simulated) next-schema build goes through the next upgrade.
     path = tmp_path / "s.json"
     saved_store(path)
-    monkeypatch.setattr(store_mod, "SCHEMA", 2)
-    monkeypatch.setattr(store_mod, "UPGRADES", [lambda d: {**d, "sections": {**d["sections"], "new": {}}}])
+    monkeypatch.setattr(store_mod, "SCHEMA", SCHEMA + 1)
+    monkeypatch.setattr(store_mod, "UPGRADES", [*store_mod.UPGRADES, lambda d: {**d, "sections": {**d["sections"], "new": {}}}])
     assert Store.open(path, FP).get("new") == {}
+
+
+def test_a_schema_1_store_keeps_its_widths_and_drops_its_context_free_levels(tmp_path):
+    from adaspark_core.learned import Learners
+
+    path = tmp_path / "s.json"
+    live = Learners()
+    live.policy.cost.classes[4].count = 3
+    width = orjson.loads(orjson.dumps(live.policy.state()))
+    for k in width["cost"]["classes"].values():
+        k["level"] = [1.1, 0.9]  # schema 1: one window, no contexts
+    doc = {"schema": 1, "fingerprint": FP, "updated": None, "counts": {"requests": 1, "rounds": 5},
+           "sections": {"width": width}}
+    path.write_bytes(orjson.dumps(doc))
+    restored = Learners.from_store(Store.open(path, FP))
+    assert restored.policy.cost.classes[4].count == 3 and restored.policy.cost.classes[4].level == {}
+
+
+def test_an_unreadable_learner_section_is_reported(tmp_path):
+    from adaspark_core.learned import Learners
+
+    path = tmp_path / "s.json"
+    st = Store(path, FP)
+    st.put("acceptance", {"coef": "nonsense"})
+    st.save()
+    with pytest.raises(StoreError, match="cannot read"):
+        Learners.from_store(Store.open(path, FP))
 
 
 def test_save_is_atomic_when_replace_fails(tmp_path, monkeypatch):

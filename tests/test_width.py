@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from adaspark_core.chooser import AdaptiveWidth, accepted_sums, source_sums
-from adaspark_core.cost import CostModel
+from adaspark_core.cost import CostModel, band_of
 from adaspark_core.engine.sim import CURVES, expected_tokens, make_sim
 from adaspark_core.record import RoundLog, RoundRecord, Timing, read_log
 from adaspark_core.learned import Learners
@@ -49,16 +49,13 @@ def expected_rate(curve, params, widths, contexts, draft_ms=2.0, p_clean=0.7, no
 @pytest.mark.parametrize("curve", sorted(CURVES))
 def test_the_rate_reached_is_close_to_the_best_pinned_widths(curve):
     """Measured (3 seeds each, second half of 12 requests, the guarded acceptance model pricing):
-    qwen3-4b 1.000 1.000 1.000; lfm2.5-2.6b 0.990 1.000 0.999; moe 1.000 0.994 1.000; gemma 1.000
-    0.993 0.995; cpu q4_0 1.000 1.000 0.988; cpu q4_1 0.997 1.000 0.987; cpu q8_0 1.000 1.000
-    0.934. The issue asks for 1%.
-    The worst seed (cpu q8_0, whose verify time grows steeply with context) loses its 6.6% on the
-    one request that opens a new context band (3,200 tokens after requests of 200-800): every
-    class not running there is priced from a law fitted at shorter contexts, 24-32% low, and the
-    chooser walks through the classes, about 8 rounds each, until their laws catch up (paper 3.2
-    names the risk; with the head-based estimate pricing alone the same request costs 3.2%).
-    So: 1.5% on the mean over seeds and 4% on any seed, and on cpu q8_0 3% and 7% (open in the
-    issue "Online verify-cost model and width chooser")."""
+    qwen3-4b 1.000 1.000 1.000; lfm2.5-2.6b 0.998 1.000 0.985; moe 1.000 0.999 1.000; gemma 1.000
+    1.004 ...; cpu q4_0 1.000 1.000 0.994; cpu q4_1 1.047 1.000 1.048; cpu q8_0 1.000 1.001 0.987.
+    Above 1: the best single pinned width is beaten by moving between widths by context band.
+    The issue asks for 1%. Before the cost model kept its level per context band, a class that had
+    run at 3,200 tokens kept a level fitted there at 1,600 and the chooser could settle on the
+    wrong width for good (cpu q4_1 0.947, cpu q8_0 0.934 on one seed). So: 1.5% on the mean over
+    seeds and 4% on any seed."""
     ratios = []
     for seed in range(3):
         _, late, params = serve(curve, seed=seed)
@@ -68,8 +65,7 @@ def test_the_rate_reached_is_close_to_the_best_pinned_widths(curve):
         best = max(expected_rate(curve, params, [w] * len(contexts), contexts) for w in range(1, 58))
         ratios.append(ours / best)
     print(curve, [round(r, 4) for r in ratios])
-    mean_floor, seed_floor = (0.97, 0.93) if curve == "cpu-smollm2-q8_0" else (0.985, 0.96)
-    assert statistics.mean(ratios) >= mean_floor and min(ratios) >= seed_floor, ratios
+    assert statistics.mean(ratios) >= 0.985 and min(ratios) >= 0.96, ratios
 
 
 @pytest.mark.parametrize("curve", ["qwen3-4b-q4km", "lfm2.5-2.6b-q8", "cpu-smollm2-q4_0"])
@@ -159,3 +155,19 @@ def test_prefix_sums_split_by_source():
     assert sd == pytest.approx([0, 0.5, 0.5, 0.7]) and sn == pytest.approx([0, 0, 0.25, 0.25])
     ad, an = accepted_sums(cands, order, [0, 1])  # the pick then the n-gram node accepted
     assert ad == [0, 1, 1, 1] and an == [0, 0, 1, 1]
+
+
+def test_a_level_measured_in_one_context_band_does_not_price_another():
+    cost = CostModel()
+    for i in range(12):
+        cost.learn(measured(4, 20.0, context=1600 + i))
+    k = cost.classes[4]
+    for i in range(8):  # far slower at 3,200 tokens than the law fitted at 1,600 says
+        cost.learn(measured(4, 60.0, context=3200 + i))
+    assert band_of(1600) != band_of(3200)
+    lo, hi = cost.p.level_clamp
+    at_3200 = min(max(min(k.level[band_of(3200)]), lo), hi)
+    assert at_3200 > 1.2 and cost.class_price(4, 3300) == pytest.approx(k.law.value(3300) * at_3200)
+    at_1600 = min(max(min(k.level[band_of(1600)]), lo), hi)
+    assert cost.class_price(4, 1650) == pytest.approx(k.law.value(1650) * at_1600)
+    assert cost.class_price(4, 600) == pytest.approx(k.law.value(600))  # no level measured in that band
