@@ -185,7 +185,6 @@ class RoundScore:
     """A round's labels scored before learning: summed node losses of both models."""
 
     nodes: int = 0
-    parents: int = 0
     head_loss: float = 0.0
     fitted_loss: float = 0.0
 
@@ -311,7 +310,6 @@ class AcceptanceModel:
             self.guard_fitted.add(lf, len(group))
             self.guard_head.add(lh, len(group))
             score.nodes += len(group)
-            score.parents += 1
             score.fitted_loss += lf
             score.head_loss += lh
             steps.append((group, labels))
@@ -353,8 +351,3 @@ class AcceptanceModel:
         m.explore_count = int(st["explore_count"])
         m.requests = int(st["requests"])
         return m
-
-    def weights(self) -> dict[str, dict[str, float]]:
-        """Every coefficient and bucket weight that has moved or has a prior (for `store show`)."""
-        return {"coef": {k: self.coef.weight(k) for k in sorted(set(self.coef.z) | set(PRIOR))},
-                "buckets": {k: self.buckets.weight(k) for k in sorted(self.buckets.z)}}

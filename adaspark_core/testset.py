@@ -12,10 +12,6 @@ import orjson
 
 from .errors import InputError
 
-# Serving order of the paper's sources (Appendix A, the testset README's table).
-SOURCES = ["specbench", "speedbench", "wildchat", "convfinqa", "toolace", "longbench"]
-
-
 def default_dir() -> Path:
     """``../shared/testset`` beside the repository."""
     return Path(__file__).resolve().parent.parent.parent / "shared" / "testset"
