@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.adaspark-installed
 PROMPTS := fixtures/prompts
 
-.PHONY: setup demo test bench-smoke bench-adaptive bench-quant bench-host bench-ngram fixture-log clean
+.PHONY: setup demo test bench-smoke bench-adaptive bench-quant bench-host bench-ngram bench-drafters fixture-log clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,9 @@ bench-host: setup
 # adaspark (n-gram only) vs ar on the copy-heavy and multi-turn sets of ../shared/testset.
 bench-ngram: setup
 	$(BIN)/python -m adaspark_cli.bench ngram
+
+bench-drafters: setup
+	$(BIN)/python -m adaspark_cli.bench drafters
 
 # Re-record the checked-in round log that `adaspark replay` is tested on (after a change to what
 # the learners do, which makes replay of the old log report a mismatch).

@@ -24,6 +24,7 @@ from tabulate import tabulate
 from adaspark_core import tree
 from adaspark_core.engine.llama import LlamaModel, LlamaTarget
 from adaspark_core.models import default_model
+from adaspark_core.profile import pinned_verify_ms  # chain verify at a fixed context, warm-ups dropped
 from adaspark_core.chooser import AdaptiveWidth
 from adaspark_core.learned import Learners
 from adaspark_core.scheduler import Generation, parse_arm, run
@@ -246,21 +247,63 @@ def ngram(
     print(f"overall adaspark / ar: {overall:.3f}x over {len(all_ratios)} replies" if overall else "overall: -")
 
 
-def pinned_verify_ms(target: LlamaTarget, width: int, reps: int) -> tuple[float, float]:
-    """Median llama_decode time and median engine host time (ms) of a chain verify of ``width``
-    rows at the target's current context, over ``reps`` verifies after two warm-ups. Each verify
-    is discarded, so all run at the same context. Host time = batch build + argmax read."""
-    cands: list = []
-    for k in range(width - 1):
-        cands.append(tree.child_of(cands, ANCHOR if k == 0 else k - 1, 500 + k, NGRAM))
-    lay = tree.layout(target.anchor, cands, list(range(len(cands))))
-    dec, host = [], []
-    for _ in range(reps + 2):
-        v = target.verify(lay)
-        target.discard(lay)
-        dec.append(v.decode_ms)
-        host.append(v.host_ms)
-    return statistics.median(dec[2:]), statistics.median(host[2:])
+DRAFTER_PROMPTS = ["explain.txt", "list.txt", "rewrite.txt"]  # open-ended, a list, copy-heavy
+
+
+@app.command()
+def drafters(
+    max_tokens: int = typer.Option(128, "--max-tokens"),
+    arms: str = typer.Option("tree:8,adaspark", "--arms", help="Arms run with each drafter, against ar."),
+    model: Optional[Path] = typer.Option(None, "--model"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Model drafters on the default model, side by side with ``ar`` on three prompts: the model
+    drafting for itself, the shipped Q4_1 copy drafting for the Q4_0 target, and a synthetic DSpark
+    GGUF (random weights: its rows show the cost of a DSpark block on this machine, not its
+    acceptance). D is the round's time before the verify (draft, n-gram fill, pricing, width)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from adaspark_core.engine.drafters import make_drafter
+    from adaspark_core.models import shipped_default
+
+    path = model or default_model()
+    lm = LlamaModel(path)
+    tmp = Path(tempfile.mkdtemp(prefix="adaspark-bench-"))
+    dspark = tmp / "dspark-synthetic.gguf"
+    subprocess.run([sys.executable, str(PROMPTS.parent / "make_dspark_gguf.py"), "--target", str(path),
+                    "--out", str(dspark)], check=True, capture_output=True)
+    specs = [("none", None), ("model:self", f"model:{path}"), ("model:q4_1", f"model:{shipped_default()}"),
+             ("dspark:synthetic", f"dspark:{dspark}")]
+    arm_list = [parse_arm(a) for a in arms.split(",")]
+    rows, out = [], []
+    for label, spec in specs:
+        target = LlamaTarget(lm)  # a DSpark drafter switches on its target's hidden-state capture
+        drafter = make_drafter(spec, target)
+        for name in DRAFTER_PROMPTS:
+            prompt = lm.chat_prompt([{"role": "user", "content": (PROMPTS / name).read_text()}])
+            base = run(target, prompt, parse_arm("ar"), max_tokens).stats
+            for arm in arm_list:
+                st = run(target, prompt, arm, max_tokens, drafter=drafter,
+                         learners=Learners() if arm.learns else None).stats
+                ratio = st.decode_tps / base.decode_tps if st.decode_tps and base.decode_tps else None
+                d_ms = st.draft_ms / max(st.rounds, 1)
+                out.append({"drafter": label, "prompt": name, "arm": arm.name, "tok_s": st.decode_tps,
+                            "ar_tok_s": base.decode_tps, "vs_ar": ratio, "tokens_per_round": st.tokens_per_round,
+                            "d_ms": d_ms, "verify_ms_per_round": st.verify_ms / max(st.rounds, 1)})
+                rows.append([label, name, arm.name, f"{st.decode_tps or 0:.1f}", f"{base.decode_tps or 0:.1f}",
+                             f"{ratio:.2f}x" if ratio else "-", f"{st.tokens_per_round:.2f}", f"{d_ms:.2f}",
+                             f"{st.verify_ms / max(st.rounds, 1):.2f}"])
+        if drafter is not None:
+            drafter.close()
+        target.close()
+    if as_json:
+        print(orjson.dumps({"model": lm.path.name, "max_tokens": max_tokens, "rows": out}).decode())
+        return
+    print(f"model {lm.path.name}, up to {max_tokens} tokens, one pass, adaspark arms from an empty store")
+    print(tabulate(rows, headers=["drafter", "prompt", "arm", "tok/s", "ar tok/s", "vs ar", "tok/round",
+                                  "D ms/round", "verify ms/round"], disable_numparse=True))
 
 
 @app.command()

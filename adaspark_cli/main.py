@@ -83,32 +83,27 @@ def decode(
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", min=16, help="Context size (default: the model's, at most 8192)."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads (default: all)."),
     store: Optional[Path] = typer.Option(None, "--store", help="Learned state for the learning arms (default: one per model and machine, in the cache)."),
-    drafter: str = typer.Option("none", "--drafter", help="none (n-gram candidates only) or model:FILE (a draft model with the target's vocabulary)."),
-    block: int = typer.Option(4, "--block", min=1, help="Positions a model drafter proposes per round (B)."),
+    drafter: str = typer.Option("none", "--drafter", help="none (n-gram candidates only), dspark:FILE (a DSpark block drafter GGUF made for the model) or model:FILE (a draft model with the model's vocabulary)."),
+    block: Optional[int] = typer.Option(None, "--block", min=1, help="Positions a model drafter proposes per round (B; default: a DSpark file's block size, 4 for a draft model)."),
     top_k: int = typer.Option(8, "--top-k", min=1, help="Candidates a model drafter keeps per position (K)."),
 ) -> None:
     """Decode a reply to PROMPT_FILE, streaming it to stdout; a summary goes to stderr.
 
     Arms: ar, chain:N (at most N draft tokens), tree:N (N rows), pinned:N (N rows, learners on),
     cost (learned width, no n-gram), adaspark (learned width with n-gram candidates)."""
-    from adaspark_core.engine.drafters import make_drafter
-    from adaspark_core.engine.llama import LlamaModel, LlamaTarget
-    from adaspark_core.models import resolve_model
     from adaspark_core.record import RoundLog
     from adaspark_core.scheduler import Generation, parse_arm
 
     text = read_prompt(prompt_file)
     with reported():
         the_arm = parse_arm(arm)
-        lm = LlamaModel(resolve_model(model))
-        target = LlamaTarget(lm, n_ctx=n_ctx, threads=threads)
+        lm, target, the_drafter = load_engine(model, n_ctx, threads, drafter, block, top_k)
         if raw:
             prompt = lm.tokenize(text)
         else:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
             prompt = lm.chat_prompt(messages)
-        the_drafter = make_drafter(drafter, lm, target.n_ctx, threads, block, top_k)
-        learned = open_learned(store, lm.path) if the_arm.learns else None
+        learned = open_learned(store, lm.path, the_drafter) if the_arm.learns else None
         learners = learned[1] if learned else None
         gen = Generation(target, prompt, the_arm, max_tokens, request_id=Path(prompt_file).name, learners=learners,
                          drafter=the_drafter)
@@ -173,39 +168,66 @@ def replay(
             sys.stdout.write(replay_tables(report))
 
 
-def open_learned(path: Optional[Path], model_path: Path):
-    """(store, learners) for a learning arm: the learners restored from the store, or fresh."""
+def load_engine(model: Optional[Path], n_ctx: Optional[int], threads: Optional[int], drafter: str,
+                block: Optional[int], top_k: int):
+    """(model, target, drafter) for the command-line options."""
+    from adaspark_core.engine.drafters import make_drafter
+    from adaspark_core.engine.llama import LlamaModel, LlamaTarget
+    from adaspark_core.models import resolve_model
+
+    lm = LlamaModel(resolve_model(model))
+    target = LlamaTarget(lm, n_ctx=n_ctx, threads=threads)
+    return lm, target, make_drafter(drafter, target, threads, block, top_k)
+
+
+def open_learned(path: Optional[Path], model_path: Path, drafter=None):
+    """(store, learners) for a learning arm: the learners restored from the store, or fresh. The
+    store is keyed by the model, the model drafter if any, and the machine."""
     from adaspark_core.learned import Learners
     from adaspark_core.store import Store, default_store_path, fingerprint
 
-    fp = fingerprint(model_path)
+    fp = fingerprint(model_path, drafter.model.path if drafter is not None else None)
     st = Store.open(path or default_store_path(fp), fp)
     return st, Learners.from_store(st)
 
 
-def save_learned(learned, rounds: int) -> None:
+def save_learned(learned, rounds: int, requests: int = 1) -> None:
+    """Write the learners into their store (atomically), counting what they have seen since."""
     st, learners = learned
     learners.to_store(st)
-    st.bump(requests=1, rounds=rounds)
+    st.bump(requests=requests, rounds=rounds)
     st.save()
 
 
-def stream(gen, piece, to=None) -> str:
+def stream(gen, piece, to=None, on_text=None, stop=None) -> str:
     """Run a generation, decoding its tokens to text as they come (UTF-8 sequences may span
-    tokens); write each round's text to ``to`` when given. Returns the whole text."""
+    tokens); write each round's text to ``to`` or pass it to ``on_text`` when given. ``stop()``
+    is asked after every round and ends the reply early when true. Returns the whole text."""
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     parts: list[str] = []
-    for emitted in gen:
-        text = utf8.decode(b"".join(piece(t) for t in emitted))
+
+    def out(text: str) -> None:
         parts.append(text)
-        if to is not None and text:
+        if text and to is not None:
             to.write(text)
             to.flush()
-    parts.append(utf8.decode(b"", final=True))
-    if to is not None:
-        to.write(parts[-1])
+        if text and on_text is not None:
+            on_text(text)
+
+    for emitted in gen:
+        out(utf8.decode(b"".join(piece(t) for t in emitted)))
+        if stop is not None and stop():
+            break
+    out(utf8.decode(b"", final=True))
     return "".join(parts)
 
+
+from adaspark_cli.serve import serve_stdin  # noqa: E402  (they use the helpers above)
+from adaspark_cli.store_cmd import inspect_store, store_app  # noqa: E402
+
+app.command("serve-stdin")(serve_stdin)
+app.add_typer(store_app, name="store")
+app.command("inspect-store")(inspect_store)
 
 if __name__ == "__main__":
     app()

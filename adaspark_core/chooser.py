@@ -252,6 +252,11 @@ class AdaptiveWidth:
         measure = self.cost.measuring()
         if measure is not None and measure <= max_rows:
             return Decision(measure, offered, None, measure)
+        if not cands:
+            # Nothing was proposed: the round is plain decoding whatever the width, and it says
+            # nothing about which width to hold, so the incumbent, its hold count and the split
+            # test are left as they are (and the round costs no pricing).
+            return Decision(1, offered, None, None)
         prices = {w: t for w, t in self.cost.prices(context).items() if w <= max_rows}
         if not prices:
             return Decision(1, offered, None, None)

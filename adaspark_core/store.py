@@ -135,17 +135,26 @@ def _llama_version() -> str | None:
         return None
 
 
-def fingerprint(model_path: PathLike, *, digest_cache: PathLike | None = None) -> dict:
-    """What the learned state depends on: the model file's content and the machine.
+def fingerprint(model_path: PathLike, drafter_path: PathLike | None = None, *,
+                digest_cache: PathLike | None = None) -> dict:
+    """What the learned state depends on: the model file's content, the drafter's if there is one
+    (the acceptance model learns how the drafter's candidates fare against this target), and the
+    machine.
 
-    The model is identified by size and SHA-256 of its content (not its path, so a copy or a move
+    A file is identified by size and SHA-256 of its content (not its path, so a copy or a move
     keeps its store). ``digest_cache`` is the side file caching digests (default:
     ``home()/stores/digests.json``).
     """
-    path = Path(model_path)
     cache = Path(digest_cache) if digest_cache is not None else _digest_cache_path()
+
+    def ident(p: PathLike) -> dict:
+        p = Path(p)
+        return {"size": p.stat().st_size, "sha256": _model_digest(p, cache)}
+
+    drafter = {"drafter": ident(drafter_path)} if drafter_path is not None else {}
     return {
-        "model": {"size": path.stat().st_size, "sha256": _model_digest(path, cache)},
+        "model": ident(model_path),
+        **drafter,
         "machine": {
             "cpu": _cpu_name(),
             "cpus": _cpu_count(),

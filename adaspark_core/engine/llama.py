@@ -59,6 +59,53 @@ def _init_backend(verbose: bool) -> None:
     _backend_ready = True
 
 
+# --- llama.cpp's C++-linkage extensions (DSpark) ---------------------------------------------------
+# The functions of the vendored llama-ext.h have C++ linkage: libllama.so exports them under
+# Itanium-mangled names (llama_cpp_ext.py binds a few the same way). Bound on first use, so a
+# build without them fails only when a DSpark drafter is asked for.
+_EXT_SIGNATURES = {
+    "set_embeddings_layer_inp": ("_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
+                                 [L.llama_context_p_ctypes, ctypes.c_uint32, ctypes.c_bool], None),
+    "get_embeddings_layer_inp": ("_Z30llama_get_embeddings_layer_inpP13llama_contextj",
+                                 [L.llama_context_p_ctypes, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float)),
+    "target_layer_ids": ("_Z28llama_model_target_layer_idsPK11llama_model",
+                         [L.llama_model_p_ctypes], ctypes.POINTER(ctypes.c_int32)),
+    "target_layer_ids_n": ("_Z30llama_model_target_layer_ids_nPK11llama_model",
+                           [L.llama_model_p_ctypes], ctypes.c_uint32),
+    "dflash_selector_top_k": ("_Z33llama_model_dflash_selector_top_kPK11llama_model",
+                              [L.llama_model_p_ctypes], ctypes.c_int32),
+    "set_embeddings_nextn": ("_Z26llama_set_embeddings_nextnP13llama_contextbb",
+                             [L.llama_context_p_ctypes, ctypes.c_bool, ctypes.c_bool], None),
+    "get_embeddings_nextn": ("_Z26llama_get_embeddings_nextnP13llama_context",
+                             [L.llama_context_p_ctypes], ctypes.POINTER(ctypes.c_float)),
+}
+_ext_bound: dict = {}
+
+
+def _ext(name: str):
+    f = _ext_bound.get(name)
+    if f is None:
+        symbol, argtypes, restype = _EXT_SIGNATURES[name]
+        try:
+            f = getattr(L.llama_cpp._lib, symbol)
+        except AttributeError:
+            raise InputError(f"this llama-cpp-python build does not export {symbol} (llama_{name}); "
+                             "DSpark needs llama-cpp-python 0.3.36's libllama") from None
+        f.argtypes, f.restype = argtypes, restype
+        _ext_bound[name] = f
+    return f
+
+
+# Target architectures whose graph exposes its layers' inputs, which a DSpark drafter reads: the
+# vendored src/models/*.cpp that set t_layer_inp, by their general.architecture names. On any
+# other architecture llama.cpp aborts the process when the inputs are read, so it is checked here.
+HIDDEN_STATE_ARCHS = frozenset({
+    "bailingmoe3", "deepseek4", "gemma4", "gpt-oss", "hunyuan_vl", "lfm2", "llama", "mimo2", "minimax-01",
+    "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "qwen3", "qwen35", "qwen35moe", "qwen3moe",
+    "qwen3next", "qwen4exp",
+})
+
+
 def check_gguf(path: str | os.PathLike) -> Path:
     """The path, if it names a readable GGUF file; InputError otherwise."""
     p = Path(path)
@@ -111,6 +158,15 @@ class LlamaModel:
         self.chat_template = tmpl.decode() if tmpl else None
         self._piece_buf = ctypes.create_string_buffer(256)
         self._pieces: dict[int, bytes] = {}
+        self.arch = self.meta("general.architecture") or "?"
+        self.n_embd = L.llama_model_n_embd(self.ptr)
+        self.n_layer = L.llama_model_n_layer(self.ptr)
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text, None if the file has no such key."""
+        buf = ctypes.create_string_buffer(512)
+        n = L.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode(errors="replace") if n >= 0 else None
 
     def close(self) -> None:
         if self.ptr:
@@ -236,6 +292,11 @@ class LlamaTarget:
         self.anchor: int | None = None
         self._synced = [0] * self.n_seq  # committed positions each leaf sequence carries
         self._last_rows = 0
+        # Hidden-state capture for a DSpark drafter (capture_hidden): the target layers whose
+        # inputs are kept, the last verify's rows, and the committed rows not yet taken.
+        self._hidden_ids: list[int] = []
+        self._verify_hidden: np.ndarray | None = None
+        self._hidden_pending: list[tuple[int, np.ndarray]] = []
 
     def close(self) -> None:
         if getattr(self, "ctx", None):
@@ -272,6 +333,7 @@ class LlamaTarget:
         L.llama_memory_clear(self.mem, True)
         self.n_past = 0
         self._synced = [0] * self.n_seq
+        self._hidden_pending = []
         body = tokens[:-1]
         for i in range(0, len(body), self._cap):
             chunk = body[i : i + self._cap]
@@ -284,6 +346,8 @@ class LlamaTarget:
             self._out[:n] = 0
             self.batch.n_tokens = n
             self._decode()
+            if self._hidden_ids:
+                self._hidden_pending.append((self.n_past, self._read_hidden(n)))
             self.n_past += n
         self.anchor = tokens[-1]
 
@@ -333,6 +397,8 @@ class LlamaTarget:
         self._decode()
         t2 = time.perf_counter()
         argmax = self._logits(w).argmax(axis=1).tolist()
+        if self._hidden_ids:
+            self._verify_hidden = self._read_hidden(w)
         t3 = time.perf_counter()
         self._last_rows = w
         decode_ms = (t2 - t1) * 1e3
@@ -353,6 +419,8 @@ class LlamaTarget:
             L.llama_memory_seq_rm(self.mem, s_star, end, -1)
             L.llama_memory_seq_cp(self.mem, s_star, 0, p0, -1)
             self._drop_leaves(lay.n_leaves, p0)
+        if self._hidden_ids:
+            self._hidden_pending.append((p0, self._verify_hidden[[0, *keep_rows]]))
         self.n_past = end
         self.anchor = next_anchor
         return (time.perf_counter() - t0) * 1e3
@@ -369,6 +437,34 @@ class LlamaTarget:
         a cell left with no sequence is freed. They keep the committed prefix below p0."""
         for s in range(1, n_leaves + 1):
             L.llama_memory_seq_rm(self.mem, s, p0, -1)
+
+    # --- hidden states for a DSpark drafter ------------------------------------------------------
+
+    def capture_hidden(self, layer_ids: list[int]) -> None:
+        """Keep the inputs of target layers ``layer_ids`` for every token the KV cache commits, for
+        ``take_hidden``. Before the first ``start``: llama.cpp sizes its buffers for them."""
+        if self.model.arch not in HIDDEN_STATE_ARCHS:
+            raise InputError(f"a DSpark drafter reads the target's hidden states, which llama.cpp does not "
+                             f"expose for the {self.model.arch!r} architecture of {self.model.path.name}")
+        bad = [i for i in layer_ids if not 0 <= i <= self.model.n_layer]
+        if bad:
+            raise InputError(f"the drafter reads target layers {bad}; {self.model.path.name} has "
+                             f"{self.model.n_layer} layers")
+        for lid in layer_ids:
+            _ext("set_embeddings_layer_inp")(self.ctx, lid, True)
+        self._hidden_ids = list(layer_ids)
+
+    def _read_hidden(self, rows: int) -> np.ndarray:
+        """The last decode's rows of the captured layer inputs, side by side: (rows, layers x n_embd)."""
+        get, n_embd = _ext("get_embeddings_layer_inp"), self.model.n_embd
+        parts = [np.ctypeslib.as_array(get(self.ctx, lid), (rows, n_embd)) for lid in self._hidden_ids]
+        return np.concatenate(parts, axis=1)  # a copy: the buffers are overwritten by the next decode
+
+    def take_hidden(self) -> list[tuple[int, np.ndarray]]:
+        """The captured rows of the tokens committed since the last call, as (first position, rows):
+        the prefill's chunks, then the anchor and kept path of every commit."""
+        out, self._hidden_pending = self._hidden_pending, []
+        return out
 
     # --- inspection (tests, profile) -----------------------------------------------------------
 
@@ -469,6 +565,130 @@ class LlamaSequence:
         if n < self.n_past:
             L.llama_memory_seq_rm(self.mem, 0, n, -1)
             self.n_past = n
+
+
+
+class DSparkContext:
+    """A DSpark block drafter (the ``dflash`` architecture with a Markov head) on its own context,
+    reading a target's hidden states, as vendored common/speculative.cpp runs it.
+
+    The drafter has no embeddings or output head of its own: llama.cpp lends it the target's
+    (``ctx_other``). Its KV cache holds, at every committed position but the anchor's, the
+    target's captured layer inputs projected by the drafter (``inject``). A block is the anchor
+    followed by mask tokens, decoded in one non-causal pass; slot i's logits (the Markov head's
+    bias for the previous slot's argmax already added) propose the token at depth i + 1, and its
+    confidence head the chance that slot is accepted given the slots before it are."""
+
+    def __init__(self, model: LlamaModel, target: LlamaTarget, threads: int | None = None):
+        if model.arch != "dflash":
+            raise InputError(f"{model.path.name} is not a DSpark drafter (its architecture is {model.arch!r}, "
+                             "not 'dflash')")
+        if _ext("dflash_selector_top_k")(model.ptr) > 0:
+            raise InputError(f"{model.path.name} is a DFlash2 selector drafter, not DSpark: its selector "
+                             "replaces the confidence head AdaSpark prices with")
+        if model.meta("dflash.sample_from_anchor") == "false":
+            raise InputError(f"{model.path.name} does not sample from the anchor; AdaSpark runs anchor-first "
+                             "DSpark blocks")
+        block = model.meta("dflash.block_size")
+        self.mask = L.llama_vocab_mask(model.vocab)
+        if not block or self.mask < 0:
+            raise InputError(f"{model.path.name} has no {'block size' if not block else 'mask token'}")
+        tm = target.model
+        if model.n_embd != tm.n_embd or model.n_vocab != tm.n_vocab:
+            raise InputError(f"DSpark drafter {model.path.name} (width {model.n_embd}, {model.n_vocab} tokens) "
+                             f"was not made for {tm.path.name} (width {tm.n_embd}, {tm.n_vocab} tokens)")
+        self.model = model
+        self.block_size = int(block)
+        self.has_confidence = model.meta("dflash.has_confidence_head") == "true"
+        n_ids = _ext("target_layer_ids_n")(model.ptr)
+        ids = _ext("target_layer_ids")(model.ptr)
+        self.layer_ids = [int(ids[i]) for i in range(n_ids)]
+        target.capture_hidden(self.layer_ids)
+        threads = threads or default_threads()
+        cp = L.llama_context_default_params()
+        cp.n_ctx = target.n_ctx
+        cp.n_batch = cp.n_ubatch = max(target._cap, self.block_size)  # a prefill chunk of rows at once
+        cp.n_seq_max = 1
+        cp.n_outputs_max = self.block_size
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.no_perf = True
+        cp.flash_attn_type = 0  # as the target (FLASH_ATTN_NOTE)
+        cp.ctx_other = target.ctx
+        self.ctx = L.llama_init_from_model(model.ptr, cp)
+        if not self.ctx:
+            raise InputError(f"llama.cpp could not create a DSpark context for {model.path.name}")
+        _ext("set_embeddings_nextn")(self.ctx, True, True)  # the confidence, one row per output
+        L.llama_set_causal_attn(self.ctx, False)  # a block attends both ways
+        self.mem = L.llama_get_memory(self.ctx)
+        self.n_vocab = model.n_vocab
+        self._pos = (L.llama_pos * 4)()
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            L.llama_free(self.ctx)
+            self.ctx = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def clear(self) -> None:
+        L.llama_memory_clear(self.mem, True)
+
+    def truncate(self, n: int) -> None:
+        """Keep the cells of positions below ``n``."""
+        L.llama_memory_seq_rm(self.mem, 0, n, -1)
+
+    def pos_range(self) -> tuple[int, int] | None:
+        lo = L.llama_memory_seq_pos_min(self.mem, 0)
+        return None if lo < 0 else (lo, L.llama_memory_seq_pos_max(self.mem, 0))
+
+    def _process(self, batch, what: str) -> None:
+        try:
+            rc = L.llama_process(self.ctx, L.LLAMA_PROCESS_TYPE_DECODE, batch)
+        finally:
+            L.llama_batch_ext_free(batch)
+        if rc != 0:
+            raise RuntimeError(f"DSpark {what} failed with code {rc}")
+
+    def _set_pos(self, batch, idx: int, pos: int) -> None:
+        self._pos[0] = pos
+        L.llama_batch_ext_set_pos(batch, idx, self._pos)
+
+    def inject(self, pos0: int, rows: np.ndarray) -> None:
+        """Put the target's captured rows for positions pos0, pos0 + 1, ... into the KV cache."""
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        width = rows.shape[1]
+        fp = ctypes.POINTER(ctypes.c_float)
+        b = L.llama_batch_ext_init(self.ctx)
+        for i in range(rows.shape[0]):
+            idx = L.llama_batch_ext_add_embd(b, 0, L.llama_embd(rows[i].ctypes.data_as(fp), 1, width))
+            self._set_pos(b, idx, pos0 + i)
+        self._process(b, "hidden-state injection")
+
+    def draft(self, anchor: int, pos0: int, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """One block of ``n`` slots (at most the block size) for the anchor at ``pos0``: the logits
+        (n, n_vocab) and the confidence (n,), None without a confidence head. The block's cells
+        are dropped again, so the cache keeps only committed positions."""
+        n = min(n, self.block_size)
+        b = L.llama_batch_ext_init(self.ctx)
+        for i in range(n):
+            idx = L.llama_batch_ext_add_token(b, 0, anchor if i == 0 else self.mask)
+            self._set_pos(b, idx, pos0 + i)
+            L.llama_batch_ext_set_output_logits(b, idx, True)
+        try:
+            self._process(b, "block decode")
+            logits = np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, i), (self.n_vocab,))
+                               for i in range(n)])  # np.stack copies
+            conf = None
+            if self.has_confidence:
+                h = np.ctypeslib.as_array(_ext("get_embeddings_nextn")(self.ctx), (n, self.model.n_embd))
+                conf = h[:, 0].copy()  # the scalar is broadcast along each row
+        finally:
+            self.truncate(pos0)
+        return logits, conf
 
 
 def score(model: LlamaModel, tokens: list[int], threads: int | None = None, flash_attn: bool = False) -> np.ndarray:

@@ -1,0 +1,404 @@
+"""``adaspark store show|reset|export|import`` and the alias ``adaspark inspect-store``.
+
+Thin: find the store, call the core (store.Store, inspect.summarize), print. main.py registers
+them with ``app.add_typer(store_app, name="store")`` and ``app.command("inspect-store")(inspect_store)``.
+
+Which store: ``--store PATH`` names the file; otherwise it is the default store of ``--model``
+(default: the default model) with ``--drafter``, on this machine, as ``adaspark decode`` picks it.
+``show`` and ``export`` given only ``--store`` accept a store of any model (they read it, they do
+not learn into it); with ``--model`` or ``--drafter`` as well the store must be that model's.
+``import`` always checks the file against a model's fingerprint (``--model``, default: the
+default model). A store that is corrupt, of an unknown schema or of another model is one error
+line, exit code 2, and is never modified.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import orjson
+import typer
+from tabulate import tabulate
+
+from adaspark_core.errors import InputError
+
+store_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Show, reset, export or import the learned state (one store per model and machine).",
+)
+
+_STORE_HELP = "The store file (default: the store of --model on this machine, in the cache)."
+_MODEL_HELP = "GGUF model whose default store to use, and whose fingerprint the store must have (default: the default model)."
+_DRAFTER_HELP = "The drafter the store was learned with, as for decode: none, dspark:FILE or model:FILE."
+_NO_STORE_HINT = "a store is written by the first decode with a learning arm (adaspark, pinned:N, cost)"
+
+
+def _cli():
+    # main.py imports this module to register the commands, so its helpers are imported late.
+    from adaspark_cli.main import fail, reported
+
+    return fail, reported
+
+
+# --- finding and reading a store -------------------------------------------------------------------
+
+
+def _existing_file(p: Path, what: str) -> Path:
+    if not p.is_file():
+        raise InputError(f"{what} not found: {p}")
+    return p
+
+
+def _default_model_file() -> Path:
+    """The default model file if it was prepared (``models.default_model`` requantises it into the
+    cache on first use; a store command does not run llama.cpp to make it)."""
+    from adaspark_core.models import DEFAULT_NAME, home
+
+    p = home() / "models" / DEFAULT_NAME
+    if not p.is_file():
+        raise InputError(f"the default model has not been prepared yet ({p} is missing), so it has no store: "
+                         f"run a decode first, or name the store with --store or the model with --model")
+    return p
+
+
+def _drafter_file(spec: Optional[str]) -> Optional[Path]:
+    if spec in (None, "", "none"):
+        return None
+    kind, _, path = spec.partition(":")
+    if kind in ("dspark", "model") and path:
+        return _existing_file(Path(path), "drafter file")
+    raise InputError(f"unknown drafter {spec!r}: use none, dspark:FILE or model:FILE")
+
+
+def locate(store: Optional[Path], model: Optional[Path], drafter: Optional[str],
+           need_fingerprint: bool = False) -> tuple[Path, Optional[dict]]:
+    """(store file, the fingerprint it must have, or None for any)."""
+    from adaspark_core.store import default_store_path, fingerprint
+
+    if store is not None and model is None and drafter in (None, "", "none") and not need_fingerprint:
+        return store, None
+    drafter_file = _drafter_file(drafter)
+    model_file = _existing_file(model, "model file") if model is not None else _default_model_file()
+    fp = fingerprint(model_file, drafter_file)
+    return (store if store is not None else default_store_path(fp)), fp
+
+
+def read_store(path: Path, fp: Optional[dict], hint: str):
+    """(Store, the schema of the file on disk): the store at ``path``, validated like Store.open
+    (JSON, schema, shape) and, when ``fp`` is given, checked to have that fingerprint. StoreError
+    ending in ``hint`` otherwise. Reads the file once and never writes it."""
+    from adaspark_core import store as sm
+
+    raw = sm._read(path)
+    d = sm._parse(raw, path, hint=hint)
+    if fp is not None and sm._canonical(d["fingerprint"]) != sm._canonical(fp):
+        raise sm._mismatch(path, d["fingerprint"], fp, hint)
+    try:
+        file_schema = orjson.loads(raw).get("schema")
+    except (orjson.JSONDecodeError, AttributeError):  # cannot happen after _parse; be safe
+        file_schema = None
+    st = sm.Store(path, d["fingerprint"], counts=d["counts"], sections=d["sections"], updated=d.get("updated"))
+    return st, file_schema
+
+
+def _require(path: Path, what: str) -> None:
+    if path.is_dir():
+        raise InputError(f"{path} is a directory, not a store file")
+    if not path.exists():
+        raise InputError(f"no store yet at {path}; {what}")
+
+
+# --- show -----------------------------------------------------------------------------------------
+
+
+def inspect_store(
+    store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
+    drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the whole summary as one JSON object (every bucket weight)."),
+    context: Optional[List[int]] = typer.Option(None, "--context", "-c", min=1, help="A context (tokens) to price the laws and gains at; repeat it (default: 443, 1596 and 8444, the paper's Table 1). The affine fit spans the smallest to the largest."),
+    top: int = typer.Option(12, "--top", min=0, help="How many bucket weights the table lists (largest |weight| first)."),
+) -> None:
+    """Show what a store has learned: widths and their classes, each class's context law priced
+    as in the paper's Table 1 with its affine fit, levels, the fixed cost D, band rates, gains,
+    acceptance coefficients and bucket weights, counts, and the fingerprint it is keyed by."""
+    from adaspark_core.inspect import CONTEXTS, summarize
+    from adaspark_core.learned import Learners
+    from adaspark_core.store import StoreError
+
+    _, reported = _cli()
+    with reported():
+        path, fp = locate(store, model, drafter)
+        _require(path, _NO_STORE_HINT)
+        st, file_schema = read_store(path, fp, hint="it was left as is: move it away or run `adaspark store reset`")
+        learners = Learners.from_store(st)
+        try:
+            summary = summarize(st, learners, contexts=context or CONTEXTS, file_schema=file_schema)
+        except (ValueError, TypeError, KeyError, ArithmeticError) as e:
+            raise StoreError(f"the store {path} holds learned state this version cannot summarise "
+                             f"({type(e).__name__}: {e}); it was left as is") from None
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = None
+        summary["file_bytes"] = size
+        if as_json:
+            sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+        else:
+            sys.stdout.write(render(summary, top=top))
+
+
+store_app.command("show")(inspect_store)
+
+
+# --- reset, export, import ------------------------------------------------------------------------
+
+
+@store_app.command("reset")
+def reset(
+    store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
+    drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Remove it (required: this forgets what was learned)."),
+) -> None:
+    """Remove the store file, whatever it holds (also a corrupt one); the learners start from
+    empty on the next decode. Nothing else is touched."""
+    from adaspark_core.store import Store
+
+    fail, reported = _cli()
+    with reported():
+        path, _ = locate(store, model, drafter) if store is None else (store, None)
+        if path.is_dir():
+            raise InputError(f"{path} is a directory, not a store file")
+        if not path.exists():
+            typer.echo(f"no store at {path}; nothing removed")
+            return
+        if not yes:
+            fail(f"this would remove the learned state at {path}; run again with --yes to remove it")
+        try:
+            Store.reset(path)
+        except OSError as e:
+            raise InputError(f"cannot remove {path}: {e.strerror or e}") from None
+        typer.echo(f"removed {path}")
+
+
+@store_app.command("export")
+def export(
+    file: Path = typer.Argument(..., help="Where to write the copy (replaced if it exists)."),
+    store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
+    drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
+) -> None:
+    """Copy the store to FILE, atomically, after checking it is a readable store."""
+    from adaspark_core.store import Store
+
+    _, reported = _cli()
+    hint = "nothing was exported"
+    with reported():
+        path, fp = locate(store, model, drafter)
+        _require(path, hint)
+        st, _ = read_store(path, fp, hint=hint)
+        if file.is_dir():
+            raise InputError(f"{file} is a directory; name the file to write")
+        if file.exists() and file.resolve() == path.resolve():
+            raise InputError(f"{file} is the store itself; {hint}")
+        try:
+            Store.export(path, file)  # reads once more: what it checks is what it copies
+        except OSError as e:
+            raise InputError(f"cannot write {file}: {e.strerror or e}; {hint}") from None
+        typer.echo(f"exported {path} to {file} ({_counts(st)})")
+
+
+@store_app.command("import")
+def import_(
+    file: Path = typer.Argument(..., help="A store file, e.g. written by `adaspark store export`."),
+    store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
+    drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
+    force: bool = typer.Option(False, "--force", help="Import a store of another model or machine (its fingerprint is rewritten), and replace a different store already there."),
+) -> None:
+    """Install FILE as the store of a model on this machine. FILE must be a readable store with the
+    same fingerprint (model, drafter, machine); a different store already in place is kept. --force
+    overrides both. Written atomically; FILE is not modified."""
+    from adaspark_core import store as sm
+
+    fail, reported = _cli()
+    hint = "nothing was imported"
+    with reported():
+        path, fp = locate(store, model, drafter, need_fingerprint=True)
+        if file.is_dir():
+            raise InputError(f"{file} is a directory, not a store file; {hint}")
+        src, _ = read_store(file, None, hint=hint)
+        foreign = sm._canonical(src.fingerprint) != sm._canonical(fp)
+        if foreign and not force:
+            raise sm._mismatch(file, src.fingerprint, fp, hint + " (use --force to import it anyway)")
+        if path.is_dir():
+            raise InputError(f"{path} is a directory, not a store file; {hint}")
+        if path.exists():
+            if file.resolve() == path.resolve() and not foreign:
+                typer.echo(f"{file} is already the store at {path}; nothing changed")
+                return
+            try:
+                cur, _ = read_store(path, None, hint=hint)
+            except sm.StoreError:
+                cur = None
+            if cur is not None and _same(cur, fp, src):
+                typer.echo(f"the store at {path} already holds this state; nothing changed")
+                return
+            if not force:
+                fail(f"a different store is already at {path} ({_counts(cur)}); {hint}: export it first, "
+                     f"or use --force to replace it" if cur is not None else
+                     f"{path} exists and is not a readable store; {hint} (use --force to replace it)")
+        try:
+            sm.Store.import_(file, path, fp, force=force)
+        except OSError as e:
+            raise InputError(f"cannot write {path}: {e.strerror or e}; {hint}") from None
+        note = " (its fingerprint was rewritten to this model and machine)" if foreign else ""
+        typer.echo(f"imported {file} into {path} ({_counts(src)}){note}")
+
+
+def _same(cur, fp: dict, src) -> bool:
+    from adaspark_core import store as sm
+
+    return (sm._canonical(cur.fingerprint) == sm._canonical(fp) and cur.counts == src.counts
+            and cur.sections == src.sections)
+
+
+def _counts(st) -> str:
+    return f"{st.counts['requests']} requests, {st.counts['rounds']} rounds"
+
+
+# --- the human report ---------------------------------------------------------------------------------
+
+
+def _f(x, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _ctx(c) -> str:
+    return f"{int(c):,}"
+
+
+def _band(b: dict) -> str:
+    lo, hi = b["contexts"]
+    return f"{b['band']} ({lo:,}-{hi:,})"
+
+
+GAIN_MEANING = {"d_hi": "drafter rows above n0", "n_hi": "n-gram rows above n0",
+                "d_lo": "drafter rows below n0", "n_lo": "n-gram rows below n0"}
+
+
+def _table(rows: list, head: list, left: int = 1) -> str:
+    """A table whose first ``left`` columns are text (left-aligned) and the rest numbers (right)."""
+    return tabulate(rows, head, disable_numparse=True, colalign=("left",) * left + ("right",) * (len(head) - left))
+
+
+def render(s: dict, top: int = 12) -> str:
+    """``adaspark store show``'s text: the summary of inspect.summarize as tables."""
+    out: list[str] = []
+    fp = s["fingerprint"]
+    size = f", {s['file_bytes']:,} bytes" if s.get("file_bytes") is not None else ""
+    upgrade = (f", file schema {s['file_schema']} (upgraded on the next save)"
+               if s.get("file_schema") not in (None, s["schema"]) else "")
+    out.append(f"Store {s['path']}")
+    mach = fp.get("machine") or {}
+    drafter = fp.get("drafter")
+    ident = [
+        ["file", f"schema {s['schema']}{upgrade}, updated {s['updated'] or '-'}{size}"],
+        ["key", fp["key"]],
+        ["model", _ident(fp.get("model"))],
+        ["drafter", _ident(drafter) if drafter else "none (n-gram candidates only)"],
+        ["machine", f"{mach.get('cpu', '-')}, {mach.get('cpus', '-')} CPUs, {mach.get('arch', '-')}, "
+                    f"llama-cpp-python {mach.get('llama_cpp_python') or '-'}"],
+    ]
+    out.append(tabulate(ident, tablefmt="plain", disable_numparse=True))
+    n = s["counts"]
+    out.append(f"Seen: {n['requests']} requests, {n['rounds']} rounds (cost model {n['cost_rounds']} rounds, "
+               f"chooser {n['chooser_rounds']} rounds, acceptance model {n['acceptance_requests']} requests)")
+
+    cost, ch = s["cost"], s["chooser"]
+    ctxs = cost["contexts"]
+    measuring = f"measuring {cost['measuring']}" if cost["measuring"] is not None else "none measuring"
+    inc = f"incumbent {ch['incumbent']}, held {ch['held']} rounds" if ch["incumbent"] is not None else "no incumbent yet"
+    out.append(f"\nLearned widths: {' '.join(map(str, cost['widths']))} ({inc}; {measuring})")
+    out.append(f"Round fixed cost D now: {cost['d_now_ms']:.3f} ms (median of the last {len(cost['d_recent_ms'])} rounds)")
+
+    lo, hi = ctxs[0], ctxs[-1]
+    fit_note = f" and its fit T(c) = alpha + beta c over {_ctx(lo)}-{_ctx(hi)} tokens" if lo < hi else ""
+    out.append(f"\nVerify-cost classes: the law's time (ms) at {len(ctxs)} contexts{fit_note} (paper Table 1)")
+    rows = []
+    for k in cost["classes"]:
+        law, fit = k["law"], k["law"]["fit"]
+        r0, r1 = k["rows"]
+        bank = law["bank"]["contexts"]
+        rows.append([k["width"], f"{r0}-{r1}" if r0 < r1 else str(r1), k["count"], law["samples"],
+                     *[_f(law["time_ms"][str(c)]) for c in ctxs],
+                     _f(fit and fit["alpha_ms"]), _f(fit and fit["beta_ms_per_1k"], ".3f"), _pct(fit and fit["max_residual"]),
+                     _f(law["lowest_ms"]), f"{bank[0]:,}-{bank[1]:,}" if bank else "-"])
+    head = ["width", "rows", "verifies", "samples", *[f"T({_ctx(c)})" for c in ctxs],
+            "alpha (ms)", "beta (ms/1k)", "max resid", "lowest", "bank contexts"]
+    out.append(_table(rows, head, left=2))
+
+    out.append("\nPrices the chooser reads (Eq. 5: law x level x D clock), ms; "
+               "'a -> b': a wider class is cheaper, so the width is offered at b")
+    rows = []
+    for k in cost["classes"]:
+        cells = []
+        for c in ctxs:
+            own, offered = k["price_ms"][str(c)], k["offered_price_ms"][str(c)]
+            cells.append(_f(own) if offered is None or own is None or abs(own - offered) < 1e-9
+                         else f"{own:.2f} -> {offered:.2f}")
+        rows.append([k["width"], "yes" if k["measured"] else "no", _f(k["d_ref_ms"], ".3f"), *cells])
+    out.append(_table(rows, ["width", "measured", "D_k (ms)", *[f"price({_ctx(c)})" for c in ctxs]], left=2))
+
+    rows = [[k["width"], _band(lv), len(lv["window"]), _f(lv["factor"], ".3f"), _f(lv["window"][-1] if lv["window"] else None, ".3f")]
+            for k in cost["classes"] for lv in k["levels"]]
+    out.append("\nLevels per context band (measured / law over the last verifies; the factor is their minimum, clamped)")
+    out.append(_table(rows, ["width", "band (contexts)", "verifies", "factor", "newest"], left=2)
+               if rows else "(none yet)")
+
+    out.append(f"\nBand rates rho (committed tokens over time, decayed; used once a band has {ch['band_min_rounds']} rounds)")
+    rows = [[_band(b), b["rounds"], _f(b["rho_tokens_per_ms"], ".4f"), _f(1000 * b["rho_tokens_per_ms"], ".1f"),
+             "yes" if b["in_use"] else "no"] for b in ch["bands"]]
+    out.append(_table(rows, ["band (contexts)", "rounds", "rho (tok/ms)", "rho (tok/s)", "in use"])
+               if rows else "(none yet)")
+
+    out.append(f"\nGains (realised over predicted marginal tokens, g(c) = a + b c/8192, n0 = {ch['n0']})")
+    rows = [[name, GAIN_MEANING.get(name, ""), g["observations"], _f(g["a"], ".3f"), _f(g["b"], ".3f"),
+             *[_f(g["at"][str(c)], ".3f") for c in ctxs]] for name, g in ch["gains"].items()]
+    out.append(_table(rows, ["gain", "rows", "observations", "a", "b", *[f"g({_ctx(c)})" for c in ctxs]], left=2))
+
+    a = s["acceptance"]
+    gd = a["guard"]
+    out.append(f"\nAcceptance model: {a['requests']} requests; guard: priced by {gd['priced_by']} "
+               f"(log loss per node: head-based {_f(gd['head_loss_per_node'], '.4f')}, "
+               f"fitted {_f(gd['fitted_loss_per_node'], '.4f')}, over {gd['labelled_parents']} labelled parents)")
+    learned = [c for c in a["coefficients"] if c["labels"] or c["left_prior"]]
+    if learned:
+        out.append(_table([[c["name"], c["meaning"], _f(c["weight"], ".4f"), _f(c["prior"], ".4f"), c["labels"]]
+                           for c in learned], ["coefficient", "term", "weight", "prior", "labels"], left=2))
+    idle = [c["name"] for c in a["coefficients"] if not (c["labels"] or c["left_prior"])]
+    if idle:
+        out.append(f"at their prior, no labels: {' '.join(idle)}")
+    b = a["buckets"]
+    shown = b[:top]
+    out.append(f"\nBucket weights: {len(b)} buckets, {a['buckets_moved']} moved from 0"
+               + (f"; the {len(shown)} largest by |weight| (--json lists all)" if len(shown) < len(b) else ""))
+    if shown:
+        out.append(_table([[x["key"], x["kind"], _f(x["weight"], "+.4f"), x["labels"]] for x in shown],
+                          ["bucket", "kind", "weight", "labels"], left=2))
+    return "\n".join(out) + "\n"
+
+
+def _ident(x) -> str:
+    if not isinstance(x, dict):
+        return "-"
+    size = x.get("size")
+    return f"{size:,} bytes, sha256 {x.get('sha256')}" if isinstance(size, int) else f"sha256 {x.get('sha256')}"

@@ -1,0 +1,91 @@
+"""The request format of ``adaspark serve-stdin``: one JSON object per line.
+
+    {"id": "a1", "prompt": "raw text", "max_tokens": 64}
+    {"id": 7, "messages": [{"role": "user", "content": "..."}, ...], "stream": true}
+
+``id`` (a string or an integer) is echoed on every response line; ``prompt`` is sent as is,
+``messages`` through the model's chat template (a multi-turn conversation carries its own
+history: the client feeds each reply back as an assistant message); exactly one of the two.
+``max_tokens`` (default: the server's) caps the reply; ``stream`` asks for one line per delta
+before the final line. Any other field is refused, so a misspelt option is not silently ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+FIELDS = ("id", "prompt", "messages", "max_tokens", "stream")
+ROLES = ("system", "user", "assistant", "tool")
+MAX_ID_CHARS = 200
+
+
+class RequestError(ValueError):
+    """A request the server cannot serve; ``id`` is the request's id when it could be read."""
+
+    def __init__(self, message: str, id: str | int | None = None):
+        super().__init__(message)
+        self.id = id
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: str | int | None
+    prompt: str | None
+    messages: list[dict] | None
+    max_tokens: int
+    stream: bool
+
+    @property
+    def name(self) -> str:
+        """The request's name in the round log."""
+        return str(self.id)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def parse_request(line: bytes | str, default_max_tokens: int, number: int) -> Request:
+    """The request on one input line; RequestError naming what is wrong. ``number``: the line's
+    request number, the id of a request that has none."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        raise RequestError(f"not a JSON object: {e}") from None
+    if not isinstance(obj, dict):
+        raise RequestError(f"a request is a JSON object, not {type(obj).__name__}")
+    rid = obj.get("id", f"req-{number}")
+    if not (isinstance(rid, str) and 0 < len(rid) <= MAX_ID_CHARS or _is_int(rid)):
+        raise RequestError(f"id must be a non-empty string of at most {MAX_ID_CHARS} characters or an integer")
+    unknown = sorted(set(obj) - set(FIELDS))
+    if unknown:
+        raise RequestError(f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+                           f"(a request has {', '.join(FIELDS)})", rid)
+    prompt, messages = obj.get("prompt"), obj.get("messages")
+    if (prompt is None) == (messages is None):
+        raise RequestError("a request has either a prompt or messages", rid)
+    if prompt is not None and not (isinstance(prompt, str) and prompt.strip()):
+        raise RequestError("prompt must be non-empty text", rid)
+    if messages is not None:
+        _check_messages(messages, rid)
+    max_tokens = obj.get("max_tokens", default_max_tokens)
+    if not _is_int(max_tokens) or max_tokens < 1:
+        raise RequestError("max_tokens must be a positive integer", rid)
+    stream = obj.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError("stream must be true or false", rid)
+    return Request(rid, prompt, messages, max_tokens, stream)
+
+
+def _check_messages(messages, rid) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list", rid)
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or set(m) - {"role", "content", "name"}:
+            raise RequestError(f"message {i} must be an object with role and content", rid)
+        if m.get("role") not in ROLES:
+            raise RequestError(f"message {i}: role must be one of {', '.join(ROLES)}", rid)
+        if not isinstance(m.get("content"), str):
+            raise RequestError(f"message {i}: content must be text", rid)

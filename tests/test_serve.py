@@ -1,0 +1,172 @@
+"""``adaspark serve-stdin`` (issue "Serving and inspection"): requests and responses as JSON
+lines, bad lines answered and survived, the learned state saved after every request and on
+exit, a restart beginning from the learned widths, and a store that SIGKILL never corrupts."""
+
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+
+from adaspark_core.record import read_log
+from adaspark_core.replay import replay
+from adaspark_core.serving import RequestError, parse_request
+from adaspark_core.store import Store
+
+from conftest import PROMPTS
+
+CMD = [sys.executable, "-m", "adaspark_cli.main", "serve-stdin"]
+
+
+def test_requests_are_parsed_and_bad_ones_named():
+    r = parse_request(b'{"id": "x", "prompt": "hi", "max_tokens": 5, "stream": true}', 64, 1)
+    assert (r.id, r.prompt, r.messages, r.max_tokens, r.stream) == ("x", "hi", None, 5, True)
+    r = parse_request('{"messages": [{"role": "user", "content": "hi"}]}', 64, 7)
+    assert (r.id, r.max_tokens, r.stream, r.name) == ("req-7", 64, False, "req-7")
+    bad = {
+        b"not json": (None, "not a JSON object"),
+        b"[1, 2]": (None, "a request is a JSON object"),
+        b'{"id": true, "prompt": "a"}': (None, "id must be"),
+        b'{"id": 3, "prompt": "a", "temperature": 0.7}': (3, "unknown field temperature"),
+        b'{"id": 3}': (3, "either a prompt or messages"),
+        b'{"id": 3, "prompt": "a", "messages": []}': (3, "either a prompt or messages"),
+        b'{"id": 3, "prompt": "  "}': (3, "prompt must be non-empty"),
+        b'{"id": 3, "messages": [{"role": "robot", "content": "a"}]}': (3, "role must be"),
+        b'{"id": 3, "messages": [{"role": "user"}]}': (3, "content must be text"),
+        b'{"id": 3, "prompt": "a", "max_tokens": 0}': (3, "max_tokens must be"),
+        b'{"id": 3, "prompt": "a", "max_tokens": 2.5}': (3, "max_tokens must be"),
+        b'{"id": 3, "prompt": "a", "stream": "yes"}': (3, "stream must be"),
+    }
+    for line, (rid, words) in bad.items():
+        with pytest.raises(RequestError, match=words) as e:
+            parse_request(line, 64, 1)
+        assert e.value.id == rid
+
+
+def serve(lines, *args, timeout=600):
+    res = subprocess.run([*CMD, *map(str, args)], input="".join(lines), capture_output=True, text=True,
+                         timeout=timeout)
+    return res, [orjson.loads(x) for x in res.stdout.splitlines()]
+
+
+def request(rid, **kw):
+    return orjson.dumps({"id": rid, **kw}).decode() + "\n"
+
+
+@pytest.mark.model
+def test_a_stream_of_requests_with_bad_lines_is_served_and_learned_into_the_store(tmp_path):
+    store, log = tmp_path / "store.json", tmp_path / "rounds.jsonl"
+    texts = [(PROMPTS / n).read_text() for n in ("rewrite.txt", "explain.txt", "list.txt", "code.txt")]
+    lines, expected = [], []
+    for i in range(20):
+        rid = f"q{i}"
+        if i % 5 == 4:  # a streamed chat request
+            lines.append(request(rid, messages=[{"role": "user", "content": texts[i % 4]}], max_tokens=24, stream=True))
+        else:
+            lines.append(request(rid, prompt=texts[i % 4][:400], max_tokens=16 + i))
+        expected.append(("ok", rid))
+        if i in (3, 11):
+            lines.append("{this is not json\n")
+            expected.append(("error", None))
+        if i == 7:
+            lines.append(request("bad-opt", prompt="a", top_p=0.9))
+            expected.append(("error", "bad-opt"))
+        if i == 15:
+            lines.append(request("too-long", prompt="word " * 5000))  # longer than --n-ctx
+            expected.append(("error", "too-long"))
+    lines.insert(6, "\n")  # a blank line is skipped, not an error
+    res, out = serve(lines, "--store", store, "--log", log, "--n-ctx", 2048)
+    assert res.returncode == 0, res.stderr
+    finals = [o for o in out if "delta" not in o]
+    assert [("error" if "error" in o else "ok", o["id"]) for o in finals] == expected
+    deltas = {}
+    for o in out:
+        if "delta" in o:
+            deltas[o["id"]] = deltas.get(o["id"], "") + o["delta"]
+    for o in finals:
+        if "error" in o:
+            assert isinstance(o["error"], str) and o["error"]
+            continue
+        st = o["stats"]
+        assert o["done"] and o["finish"] in ("stop", "length") and st["generated_tokens"] >= 1
+        assert st["decode_tok_s"] is None or st["decode_tok_s"] > 0
+        assert st["tokens_per_round"] >= 1 and sum(st["widths"].values()) == st["rounds"]
+        if o["id"] in ("q4", "q9", "q14", "q19"):
+            assert deltas[o["id"]] == o["text"]  # the deltas add up to the text
+        else:
+            assert o["id"] not in deltas
+    assert "too-long" in [o["id"] for o in finals] and "context" in next(o["error"] for o in finals if o["id"] == "too-long")
+    # The store holds exactly what fresh learners learn from the run's log.
+    saved = orjson.loads(store.read_bytes())
+    assert saved["counts"]["requests"] == 20
+    replayed, report = replay(list(read_log(log)))
+    assert orjson.loads(orjson.dumps(replayed.state())) == saved["sections"]
+    assert len(report.requests) == 20
+    # A second server on the same store begins from the learned widths: no cold-start round.
+    log2 = tmp_path / "second.jsonl"
+    res, out = serve([request("again", prompt=texts[1], max_tokens=48)], "--store", store, "--log", log2)
+    assert res.returncode == 0 and out[-1]["done"], res.stderr
+    assert all(r.measure is None for r in read_log(log2))
+    assert orjson.loads(store.read_bytes())["counts"]["requests"] == 21
+
+
+@pytest.mark.model
+def test_a_multi_turn_conversation_carries_the_clients_history(tmp_path):
+    proc = subprocess.Popen([*CMD, "--store", tmp_path / "s.json"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    messages = []
+    replies = []
+    for turn in ("Name three colours.", "Which of them is the colour of the sky?", "Say it again in capitals."):
+        messages.append({"role": "user", "content": turn})
+        proc.stdin.write(request(f"t{len(replies)}", messages=messages, max_tokens=32))
+        proc.stdin.flush()
+        out = orjson.loads(proc.stdout.readline())
+        assert out["id"] == f"t{len(replies)}" and out["done"], out
+        replies.append(out)
+        messages.append({"role": "assistant", "content": out["text"]})
+    proc.stdin.close()
+    assert proc.wait(timeout=120) == 0
+    # each turn's prompt holds the whole conversation so far
+    assert replies[0]["prompt_tokens"] < replies[1]["prompt_tokens"] < replies[2]["prompt_tokens"]
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_ends_the_server_cleanly_and_saves(tmp_path, sig, code):
+    store = tmp_path / "s.json"
+    proc = subprocess.Popen([*CMD, "--store", store], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdin.write(request("long", prompt=(PROMPTS / "story.txt").read_text(), max_tokens=2000))
+    proc.stdin.flush()
+    time.sleep(3.0)  # mid-request: the reply ends after the current round
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    final = orjson.loads(out.splitlines()[-1])
+    assert final["id"] == "long" and final["finish"] in ("interrupted", "stop")
+    saved = Store.open(store, orjson.loads(store.read_bytes())["fingerprint"])
+    assert saved.counts["requests"] == 1
+
+
+@pytest.mark.model
+def test_sigkill_at_random_moments_never_leaves_an_unreadable_store(tmp_path):
+    store = tmp_path / "s.json"
+    rng = random.Random(0)
+    prompts = [(PROMPTS / n).read_text()[:300] for n in ("rewrite.txt", "explain.txt", "list.txt")]
+    stdin = "".join(request(i, prompt=prompts[i % 3], max_tokens=8) for i in range(200))
+    seen = set()
+    for trial in range(20):
+        proc = subprocess.Popen([*CMD, "--store", store], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, text=True)
+        proc.stdin.write(stdin)
+        proc.stdin.flush()
+        time.sleep(rng.uniform(0.3, 2.5))
+        proc.kill()
+        proc.wait()
+        if store.exists():
+            fp = orjson.loads(store.read_bytes())["fingerprint"]
+            seen.add(Store.open(store, fp).counts["requests"])  # raises on an unreadable store
+    assert max(seen, default=0) > 0  # the kills did land after saves
