@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.adaspark-installed
 PROMPTS := fixtures/prompts
 
-.PHONY: setup demo test bench-smoke bench-adaptive bench-quant bench-host bench-ngram bench-drafters fixture-log clean
+.PHONY: setup demo test bench bench-smoke bench-adaptive bench-quant bench-host bench-ngram bench-drafters fixture-log clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,12 @@ bench-ngram: setup
 
 bench-drafters: setup
 	$(BIN)/python -m adaspark_cli.bench drafters
+
+# The paper's evaluation (adaspark compare) on the default model over ../shared/testset's
+# evaluation subset, replies capped for a 2-core CPU; results and the figure land in bench-out/.
+BENCH_ARMS := ar,pld:3,pld:10,chain:3,tree:16,cost,adaspark,pinned:4,pinned:8,pinned:16
+bench: setup
+	$(BIN)/adaspark compare --arms $(BENCH_ARMS) --subset eval --max-tokens 96 --out bench-out
 
 # Re-record the checked-in round log that `adaspark replay` is tested on (after a change to what
 # the learners do, which makes replay of the old log report a mismatch).

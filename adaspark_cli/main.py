@@ -222,12 +222,14 @@ def stream(gen, piece, to=None, on_text=None, stop=None) -> str:
     return "".join(parts)
 
 
-from adaspark_cli.profile_cmd import profile  # noqa: E402  (they use the helpers above)
+from adaspark_cli.compare_cmd import compare  # noqa: E402  (they use the helpers above)
+from adaspark_cli.profile_cmd import profile  # noqa: E402
 from adaspark_cli.serve import serve_stdin  # noqa: E402
 from adaspark_cli.store_cmd import inspect_store, store_app  # noqa: E402
 
 app.command("serve-stdin")(serve_stdin)
 app.command("profile")(profile)
+app.command("compare")(compare)
 app.add_typer(store_app, name="store")
 app.command("inspect-store")(inspect_store)
 

@@ -54,10 +54,13 @@ class Arm:
 
     @property
     def name(self) -> str:
+        if self.kind == "block":
+            return "block-chain"
         return self.kind if self.kind in ("ar", "cost", "adaspark") else f"{self.kind}:{self.n}"
 
     @property
     def max_width(self) -> int:
+        # block-chain: as many rows as the drafter's block has picks
         return {"ar": 1, "chain": self.n + 1, "tree": self.n, "pinned": self.n}.get(self.kind, ADAPTIVE_MAX_WIDTH)
 
     @property
@@ -78,7 +81,12 @@ class Arm:
 
     @property
     def uses_ngram(self) -> bool:
-        return self.kind != "cost"
+        return self.kind not in ("cost", "block")
+
+    @property
+    def picks_only(self) -> bool:
+        """The drafter's picks alone, as a chain (``block-chain``: the whole block, no siblings)."""
+        return self.kind == "block"
 
     @property
     def max_alts(self) -> int:
@@ -87,7 +95,7 @@ class Arm:
 
     @property
     def needs_tree(self) -> bool:
-        return self.max_width > 2 and self.kind != "chain"
+        return self.max_width > 2 and self.kind not in ("chain", "block")
 
     def choose(self, n_cands: int) -> int:
         """The width a fixed arm verifies when ``n_cands`` candidates were proposed: its width, or
@@ -95,13 +103,15 @@ class Arm:
         return min(self.max_width, n_cands + 1)
 
 
-_ARM = re.compile(r"^(?:(ar|cost|adaspark)|(chain|tree|pinned):(\d+))$")
+_ARM = re.compile(r"^(?:(ar|cost|adaspark|block-chain)|(chain|tree|pinned):(\d+))$")
 
 
 def parse_arm(spec: str, max_width: int = 64) -> Arm:
     m = _ARM.match(spec.strip())
     if not m:
-        raise InputError(f"unknown arm {spec!r}: use ar, chain:N, tree:N, pinned:N, cost or adaspark")
+        raise InputError(f"unknown arm {spec!r}: use ar, chain:N, tree:N, pinned:N, cost, adaspark or block-chain")
+    if m.group(1) == "block-chain":
+        return Arm("block")
     if m.group(1):
         return Arm(m.group(1))
     arm = Arm(m.group(2), int(m.group(3)))
@@ -117,12 +127,19 @@ def parse_arm(spec: str, max_width: int = 64) -> Arm:
 # --- one round, as pure functions -----------------------------------------------------------------
 
 
-def draft(drafter: Drafter | None, index: SuffixIndex | None, depth_limit: int, max_alts: int) -> list[Candidate]:
-    """Candidates for one round, unpriced: the drafter's, then the n-gram fill (when an index is
-    given): chains from the anchor and from each pick, and up to ``max_alts`` sibling chains."""
+def draft(drafter: Drafter | None, index: SuffixIndex | None, depth_limit: int, max_alts: int,
+          picks_only: bool = False) -> list[Candidate]:
+    """Candidates for one round, unpriced: the drafter's (its picks alone, re-linked as a chain,
+    when ``picks_only``), then the n-gram fill (when an index is given): chains from the anchor
+    and from each pick, and up to ``max_alts`` sibling chains."""
     if depth_limit <= 0:
         return []
     cands = drafter.propose(depth_limit) if drafter is not None else []
+    if picks_only:
+        picks = [c for c in cands if c.source == PICK]
+        for i, c in enumerate(picks):
+            c.parent = i - 1  # ANCHOR for the first
+        cands = picks
     if index is not None:
         ngram.fill(cands, index, min(depth_limit, MAX_CHAIN_DEPTH), max_alts)
     return cands
@@ -268,6 +285,8 @@ class Generation:
             raise InputError(f"arm {arm.name} needs tree verification, which recurrent/hybrid models cannot do; use chain:N or ar")
         if arm.max_width > 1 and not target.supports_chains:
             raise InputError(f"arm {arm.name} needs to roll back rejected drafts, which this recurrent model cannot do; use ar")
+        if arm.picks_only and drafter is None:
+            raise InputError("arm block-chain verifies a model drafter's block: give --drafter")
         if max_tokens < 1:
             raise InputError("max tokens must be at least 1")
         if not prompt:
@@ -323,7 +342,7 @@ class Generation:
         anchor = target.anchor
         context = target.n_past + 1  # committed tokens, the anchor included
         depth_limit = min(arm.max_width - 1, room - 1)
-        cands = draft(self.drafter, self.index, depth_limit, arm.max_alts) if arm.max_width > 1 else []
+        cands = draft(self.drafter, self.index, depth_limit, arm.max_alts, arm.picks_only) if arm.max_width > 1 else []
         # The most rows this round's sources could fill: teaches the cost model its reach.
         reach = 1 + (self.drafter.capacity if self.drafter else 0) + (
             min(depth_limit, MAX_CHAIN_DEPTH) if self.index is not None else 0)

@@ -12,6 +12,18 @@ import orjson
 
 from .errors import InputError
 
+# The sources in the order of the paper's Table 13 (and ../shared/testset/README.md).
+SOURCE_ORDER = ("specbench", "speedbench", "wildchat", "convfinqa", "toolace", "longbench")
+
+
+def is_eval_subset(path: Path) -> bool:
+    """Whether a set file says it already is the paper's evaluation subset (as ../shared/testset)."""
+    try:
+        return str(orjson.loads(Path(path).read_bytes()).get("subset", "")).startswith("evaluation subset")
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return False
+
+
 def default_dir() -> Path:
     """``../shared/testset`` beside the repository."""
     return Path(__file__).resolve().parent.parent.parent / "shared" / "testset"
@@ -23,6 +35,7 @@ class Conversation:
     name: str
     kind: str
     turns: tuple[dict, ...]
+    tools: tuple[dict, ...] = ()  # the tool schemas a tool-use conversation offers
 
 
 def load(path: Path) -> list[Conversation]:
@@ -31,7 +44,7 @@ def load(path: Path) -> list[Conversation]:
         d = orjson.loads(Path(path).read_bytes())
         convs = d["conversations"]
         name = d.get("set") or Path(path).stem
-        out = [Conversation(name, c["name"], c["kind"], tuple(c["turns"])) for c in convs]
+        out = [Conversation(name, c["name"], c["kind"], tuple(c["turns"]), tuple(c.get("tools") or ())) for c in convs]
         if any(not isinstance(t.get("text"), str) for c in out for t in c.turns):
             raise ValueError("a turn has no text")
         return out

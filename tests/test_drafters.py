@@ -77,3 +77,24 @@ def test_a_draft_model_decodes_exactly_and_its_cache_follows_the_targets(lm, tar
     print(f"{which}: {accepted} draft tokens accepted in {rounds} rounds")
     if which == "self":  # the target drafting for itself: its picks are its own argmax
         assert accepted / rounds > 2.0
+
+
+@pytest.mark.model
+def test_block_chain_verifies_the_drafters_picks_as_one_chain(lm, target):
+    from adaspark_core.engine.drafters import ModelDrafter
+
+    drafter = ModelDrafter(lm, lm, target.n_ctx, block=5, top_k=4)
+    prompt = prompt_tokens(lm, "explain.txt")
+    gen = Generation(target, prompt, parse_arm("block-chain"), max_tokens=60, drafter=drafter)
+    widths = []
+    for emitted in gen:
+        rec = gen.last_record
+        assert [c["source"] for c in rec.candidates] == [PICK] * len(rec.candidates) and len(rec.candidates) <= 5
+        assert [c["parent"] for c in rec.candidates] == list(range(-1, len(rec.candidates) - 1))
+        assert rec.width == len(rec.candidates) + 1
+        widths += [gen.last_width] * len(emitted)
+    if gen.finish == "stop":
+        widths.append(gen.last_width)
+    check_greedy(lm, prompt, gen.tokens, gen.finish, widths)
+    with pytest.raises(InputError, match="--drafter"):
+        Generation(target, prompt, parse_arm("block-chain"), max_tokens=8)

@@ -1,0 +1,141 @@
+"""``adaspark compare``: arms side by side over the shared test set (adaspark_core/compare.py),
+the paper's statistics (adaspark_core/stats.py) as tables, a PNG and a JSON file."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import orjson
+import typer
+
+DEFAULT_ARMS = "ar,pld:3,pld:10,chain:3,tree:16,cost,adaspark,pinned:4,pinned:8,pinned:16"
+
+
+def compare(
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct, Q4_0)."),
+    drafter: str = typer.Option("none", "--drafter", help="none, dspark:FILE or model:FILE, for every AdaSpark arm."),
+    block: Optional[int] = typer.Option(None, "--block", min=1, help="Positions a model drafter proposes per round (B)."),
+    top_k: int = typer.Option(8, "--top-k", min=1, help="Candidates a model drafter keeps per position (K)."),
+    arms: str = typer.Option(DEFAULT_ARMS, "--arms", help="Comma-separated: ar, pld:N, chain:N, block-chain, tree:N, cost, adaspark, pinned:N (ar always runs: it is the baseline)."),
+    sets: Optional[List[Path]] = typer.Option(None, "--sets", help="A folder of conversation sets, set files (.json) or prompt files (one turn each); repeat it. Default: ../shared/testset."),
+    subset: str = typer.Option("eval", "--subset", help="eval (the paper's evaluation subset rule), short (first two turns of each source's first conversation) or all."),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Reply cap; capped replies are left out of the ratios and counted."),
+    repeat: int = typer.Option(1, "--repeat", min=1, help="Decode every reply K times and keep the median speed."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Folder for compare.json (every reply, the summary, machine, model hash, versions) and ratios.png."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object instead of tables."),
+    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", min=16, help="Context size (default: the model's, at most 8192)."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads (default: all)."),
+    resamples: int = typer.Option(2000, "--resamples", min=100, help="Bootstrap resamples (seeded)."),
+) -> None:
+    """Run several arms over the same conversations, each carrying its own replies as history, and
+    report decode speed over ar per source, overall and by context band with 95% bootstrap
+    intervals over conversations (paper 4.1, Tables 3, 4, 6, 8, 10, Figure 8)."""
+    from tqdm import tqdm
+
+    from adaspark_cli.compare_report import figure, tables
+    from adaspark_cli.main import load_engine, reported
+    from adaspark_core import compare as cmp
+    from adaspark_core.errors import InputError
+    from adaspark_core.stats import summarize
+
+    with reported():
+        if subset not in cmp.SUBSETS:
+            raise InputError(f"unknown subset {subset!r}: use {', '.join(cmp.SUBSETS)}")
+        convs = load_workload(sets, subset)
+        lm, target, the_drafter = load_engine(model, n_ctx, threads, drafter, block, top_k)
+
+        def llama():
+            from llama_cpp import Llama
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            from adaspark_core.engine.llama import default_threads
+
+            n = threads or default_threads()
+            # Made with a draft model and logits_all: Llama then keeps the logits of every row
+            # (its score buffer is sized by the logits_all argument), which verifying drafts
+            # needs. Each pld arm puts in its own draft model before a reply.
+            return Llama(str(lm.path), n_ctx=target.n_ctx, n_threads=n, n_threads_batch=n, verbose=False,
+                         logits_all=True, draft_model=LlamaPromptLookupDecoding())
+
+        arm_list = cmp.make_arms(arms.split(","), target, the_drafter, llama, lm.is_eog)
+        total = sum(len(c.turns) for c in convs) * len(arm_list)
+        with tqdm(total=total, desc="compare", unit="reply", file=sys.stderr, disable=None) as bar:
+            replies = cmp.run(convs, arm_list, lm.chat_prompt, target.n_ctx, max_tokens, repeat, progress=bar.update)
+        names = [a.name for a in arm_list]
+        summary = summarize(replies, names, baseline="ar", resamples=resamples, band_by="midpoint")
+        if out is not None:
+            write_results(out, replies, summary, lm, the_drafter, names,
+                          {"max_tokens": max_tokens, "subset": subset, "repeat": repeat, "n_ctx": target.n_ctx,
+                           "sets": [str(s) for s in sets or []] or ["../shared/testset"]})
+            figure(summary, out / "ratios.png", title=f"{lm.path.name}: decode speed over ar")
+        if as_json:
+            sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+        else:
+            sys.stdout.write(f"model {lm.path.name}, {len(convs)} conversations, replies capped at {max_tokens} "
+                             f"tokens, subset {subset}\n")
+            sys.stdout.write(tables(summary))
+
+
+def load_workload(sets: Optional[List[Path]], which: str):
+    """Conversations of the given folders, set files and prompt files (default: ../shared/testset),
+    each source cut to the subset."""
+    from adaspark_core import testset
+    from adaspark_core.compare import prompt_conversation, subset
+    from adaspark_core.errors import InputError
+
+    paths = list(sets or [testset.default_dir()])
+    convs = []
+    for p in paths:
+        if p.is_dir():
+            files = sorted(p.glob("*.json"), key=lambda f: testset.SOURCE_ORDER.index(f.stem)
+                           if f.stem in testset.SOURCE_ORDER else len(testset.SOURCE_ORDER))
+            if not files:
+                raise InputError(f"no conversation sets (*.json) in {p}")
+        elif p.is_file():
+            files = [p]
+        else:
+            raise InputError(f"no such set or prompt file: {p}")
+        for f in files:
+            if f.suffix == ".json":
+                convs += subset(testset.load(f), which, testset.is_eval_subset(f))
+            else:
+                try:
+                    text = f.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError):
+                    raise InputError(f"cannot read the prompt file {f} as UTF-8 text") from None
+                if not text.strip():
+                    raise InputError(f"prompt file is empty: {f}")
+                convs.append(prompt_conversation(f, text))
+    if not convs:
+        raise InputError("the workload is empty")
+    return convs
+
+
+def write_results(out: Path, replies, summary, lm, drafter, arms, settings) -> None:
+    """compare.json: enough to report the run and re-plot it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from adaspark_core.store import _write_atomic, fingerprint
+
+    def ver(pkg):
+        try:
+            return version(pkg)
+        except PackageNotFoundError:
+            return None
+
+    fp = fingerprint(lm.path, drafter.model.path if drafter is not None else None)
+    doc = {
+        "model": {"path": str(lm.path), **fp["model"]},
+        "drafter": {"path": str(drafter.model.path), **fp["drafter"]} if drafter is not None else None,
+        "machine": {**fp["machine"], "python": platform.python_version()},
+        "packages": {p: ver(p) for p in ("adaspark", "llama-cpp-python", "numpy")},
+        "arms": arms,
+        "settings": settings,
+        "summary": summary,
+        "replies": replies,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    _write_atomic(out / "compare.json", orjson.dumps(doc, option=orjson.OPT_INDENT_2))

@@ -1,0 +1,224 @@
+"""``adaspark compare``: several arms over the same conversations in one run (paper 4.1, App. A).
+
+Every arm answers every turn with its own earlier replies as history, the arms taking turns in an
+order that reverses from one turn to the next (so drift on the machine falls on all of them). A
+reply's decode speed is on the client clock: the tokens after the first delta over the time from
+the first delta to the last. AdaSpark's arms run through the scheduler (``scheduler.Generation``);
+``pld:N`` is llama-cpp-python's own prompt-lookup decoding (``LlamaPromptLookupDecoding`` with
+``num_pred_tokens`` N) through its high-level ``Llama`` API, the peer a user of that API has today.
+
+A tool turn (ToolACE) gives two timed replies when the model calls a tool: the call, then the answer
+after the recorded result is returned as a ``tool`` message; a reply that calls nothing ends the turn.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import orjson
+
+from .errors import InputError
+from .learned import Learners
+from .scheduler import Arm, Generation, parse_arm
+from .testset import Conversation, user_message
+
+SUBSETS = ("eval", "short", "all")
+
+
+# --- workloads ------------------------------------------------------------------------------------
+
+
+def subset(convs: list[Conversation], which: str, already_eval: bool) -> list[Conversation]:
+    """The paper's subsets of one source's conversations. ``eval``: the first conversation of
+    every category of a multi-category source, the first half of a single-category one (a file
+    that already is the evaluation subset, as ../shared/testset, is kept whole); ``short``: the
+    first two turns of the first conversation; ``all``: everything."""
+    if which == "all" or not convs:
+        return convs
+    if which == "short":
+        c = convs[0]
+        return [Conversation(c.set, c.name, c.kind, c.turns[:2], c.tools)]
+    if which != "eval":
+        raise InputError(f"unknown subset {which!r}: use {', '.join(SUBSETS)}")
+    if already_eval:
+        return convs
+    kinds = {c.kind for c in convs}
+    if len(kinds) > 1:
+        seen, out = set(), []
+        for c in convs:
+            if c.kind not in seen:
+                seen.add(c.kind)
+                out.append(c)
+        return out
+    return convs[: (len(convs) + 1) // 2]
+
+
+def prompt_conversation(path, text: str) -> Conversation:
+    """A prompt file as a one-turn conversation of its own source."""
+    return Conversation("prompts", str(path), "prompt", ({"kind": "prompt", "type": "first", "text": text},))
+
+
+_CALL = re.compile(r'<tool_call>|"name"\s*:', re.S)
+
+
+def looks_like_tool_call(text: str) -> bool:
+    """Whether a reply calls a tool: a <tool_call> tag or a JSON object naming a function."""
+    return bool(_CALL.search(text))
+
+
+def system_messages(conv: Conversation) -> list[dict]:
+    """The tools a conversation offers, as a system message every arm sees alike."""
+    if not conv.tools:
+        return []
+    schemas = orjson.dumps(conv.tools).decode()
+    return [{"role": "system", "content": "You can call these tools. To call one, reply with a JSON object "
+             f'{{"name": ..., "arguments": {{...}}}}.\nTools: {schemas}'}]
+
+
+# --- arms -----------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Answer:
+    tokens: list[int]
+    text: str
+    tok_s: float | None
+    finish: str
+    widths: dict[str, int] = field(default_factory=dict)
+
+
+class SchedulerArm:
+    """An AdaSpark arm. A learning arm has learners of its own, fresh or restored: it learns only
+    from its own requests."""
+
+    def __init__(self, arm: Arm, target, drafter=None, learners: Learners | None = None):
+        self.arm, self.target, self.drafter = arm, target, drafter
+        self.name = arm.name
+        self.learners = (learners or Learners()) if arm.learns else None
+        self.log = None
+
+    def answer(self, prompt: list[int], max_tokens: int, request_id: str) -> Answer:
+        gen = Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id,
+                         learners=self.learners, drafter=self.drafter, log=self.log)
+        for _ in gen:
+            pass
+        st = gen.stats
+        text = b"".join(map(self.target.piece, gen.tokens)).decode("utf-8", "replace")
+        return Answer(gen.tokens, text, st.decode_tps, gen.finish,
+                      {str(w): n for w, n in sorted(st.widths.items())})
+
+
+class PromptLookupArm:
+    """llama-cpp-python's prompt-lookup decoding, ``Llama.generate`` with ``LlamaPromptLookupDecoding``
+    (greedy). All pld arms share one ``Llama``; each sets its own draft model before a reply."""
+
+    def __init__(self, n: int, llama, is_eog: Callable[[int], bool]):
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        self.name = f"pld:{n}"
+        self.llama = llama
+        self.is_eog = is_eog
+        self.draft = LlamaPromptLookupDecoding(num_pred_tokens=n)
+
+    def answer(self, prompt: list[int], max_tokens: int, request_id: str, clock=time.perf_counter) -> Answer:
+        llm = self.llama
+        llm.draft_model = self.draft
+        tokens: list[int] = []
+        times: list[float] = []
+        finish = "length"
+        for tok in llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+            if self.is_eog(tok):
+                finish = "stop"
+                break
+            tokens.append(tok)
+            times.append(clock())
+            if len(tokens) >= max_tokens:
+                break
+            if len(prompt) + len(tokens) >= llm.n_ctx():
+                finish = "context"
+                break
+        tok_s = (len(tokens) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
+        text = llm.detokenize(tokens).decode("utf-8", "replace")
+        return Answer(tokens, text, tok_s, finish)
+
+
+def make_arms(specs: list[str], target, drafter, llama_factory: Callable[[], object], is_eog: Callable[[int], bool],
+              learners_factory: Callable[[], Learners] = Learners) -> list:
+    """The arms ``specs`` name, in order; ar is always first (the baseline)."""
+    names = [s.strip() for s in specs if s.strip()]
+    if "ar" in names:
+        names.remove("ar")
+    names.insert(0, "ar")
+    if len(set(names)) != len(names):
+        raise InputError("an arm is named twice")
+    arms, llama = [], None
+    for spec in names:
+        m = re.fullmatch(r"pld:(\d+)", spec)
+        if m:
+            if int(m.group(1)) < 1:
+                raise InputError(f"arm {spec}: prompt lookup proposes at least one token")
+            llama = llama or llama_factory()
+            arms.append(PromptLookupArm(int(m.group(1)), llama, is_eog))
+            continue
+        arm = parse_arm(spec)
+        if arm.picks_only and drafter is None:
+            raise InputError("arm block-chain verifies a model drafter's block: give --drafter")
+        arms.append(SchedulerArm(arm, target, drafter, learners_factory() if arm.learns else None))
+    return arms
+
+
+# --- the run ----------------------------------------------------------------------------------------
+
+
+def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]], list[int]], n_ctx: int,
+        max_tokens: int, repeat: int = 1, progress: Callable[[], None] | None = None) -> list[dict]:
+    """Every arm over every conversation; one record per (arm, conversation, turn, reply), in the
+    format adaspark_core/stats.py reads. ``repeat``: replies are decoded that many times and the
+    median speed kept (greedy decoding gives the same text each time)."""
+    records: list[dict] = []
+    for ci, conv in enumerate(convs):
+        history = {a.name: system_messages(conv) for a in arms}
+        alive = {a.name: True for a in arms}
+        for ti, turn in enumerate(conv.turns):
+            order = arms if (ci + ti) % 2 == 0 else arms[::-1]
+            for arm in order:
+                if progress:
+                    progress()
+                if not alive[arm.name]:
+                    continue
+                messages = history[arm.name] + [user_message(turn)]
+                for reply in (0, 1):
+                    prompt = chat_prompt(messages)
+                    if len(prompt) + max_tokens >= n_ctx:
+                        alive[arm.name] = False  # the conversation no longer fits: it ends here
+                        break
+                    ans = _answer(arm, prompt, max_tokens, f"{conv.name}/{ti}/{reply}", repeat)
+                    records.append({"arm": arm.name, "source": conv.set, "conversation": conv.name, "turn": ti,
+                                    "reply": reply, "tok_s": ans.tok_s, "tokens": len(ans.tokens),
+                                    "capped": ans.finish == "length", "context": len(prompt), "finish": ans.finish,
+                                    "widths": ans.widths, "text": ans.text})
+                    messages = messages + [{"role": "assistant", "content": ans.text}]
+                    if reply == 1 or turn.get("result") is None or not looks_like_tool_call(ans.text):
+                        break
+                    messages = messages + [{"role": "tool", "content": str(turn["result"])}]
+                history[arm.name] = messages
+    _mark_same_text(records, arms[0].name)
+    return records
+
+
+def _answer(arm, prompt, max_tokens, request_id, repeat) -> Answer:
+    answers = [arm.answer(prompt, max_tokens, request_id) for _ in range(repeat)]
+    speeds = sorted(a.tok_s for a in answers if a.tok_s is not None)
+    first = answers[0]
+    first.tok_s = speeds[len(speeds) // 2] if speeds else None
+    return first
+
+
+def _mark_same_text(records: list[dict], baseline: str) -> None:
+    base = {(r["conversation"], r["turn"], r["reply"]): r["text"] for r in records if r["arm"] == baseline}
+    for r in records:
+        key = (r["conversation"], r["turn"], r["reply"])
+        r["same_text_as_baseline"] = None if r["arm"] == baseline or key not in base else r["text"] == base[key]

@@ -1,0 +1,403 @@
+"""Statistics of ``adaspark compare`` (paper §4.1, Appendix A; Tables 3, 4, 6, 8, 10, Figure 8).
+Pure functions over reply records; nothing here prints, times or runs a model.
+
+A reply record is a plain dict, one per (arm, conversation, turn, reply)::
+
+    {"arm": "adaspark", "source": "specbench", "conversation": "specbench/writing-0", "turn": 0,
+     "reply": 0, "tok_s": 93.1 | None, "tokens": 120, "capped": False, "context": 812,
+     "same_text_as_baseline": True | False | None, "widths": {"1": 30, "8": 12}, "finish": "stop"}
+
+Rules (paper §4.1 and Appendix A):
+
+* A comparison of ``arm`` over ``base`` pairs their replies by (conversation, turn, reply). A pair
+  whose reply reached the token cap in EITHER arm is left out of the ratio and counted
+  (``capped``); of the rest, a pair with a null ``tok_s`` in either arm (a single-delta reply, no
+  client-clock decode interval) is left out and counted (``null``). A pair that is capped and null
+  counts as capped only. Replies present in one arm only are counted (``unpaired``).
+* The ratio is the geometric mean over replies of tok_s[arm] / tok_s[base], i.e.
+  ``exp(mean(log r))``; all replies of all conversations are pooled (no per-conversation mean).
+* Its 95% interval is a percentile bootstrap over conversations: with ``rng =
+  numpy.random.default_rng(seed)``, the used conversations sorted by id (``C`` of them), ONE
+  draw ``idx = rng.integers(0, C, size=(resamples, C))``; resample b pools every reply of the
+  conversations ``idx[b]`` (a conversation drawn twice counts twice) and takes their geometric mean;
+  ``lo, hi = numpy.percentile(stats, [2.5, 97.5])`` (linear interpolation). Each group of a keyed
+  comparison is bootstrapped on its own, from a fresh ``default_rng(seed)``.
+* Group keys are taken from the ``arm``'s record (its source, its context band). The context band
+  is ``"<2048"`` / ``">=2048"`` of the arm's ``context`` (prompt tokens of the reply) by default;
+  ``band_by="midpoint"`` uses prompt plus half the reply (``context + tokens / 2``), which is the
+  paper's definition for Table 3.
+* Text agreement (Table 10) counts over ALL paired replies (capped and single-delta included),
+  from the ``arm``'s ``same_text_as_baseline`` (a flag the runner sets against ITS baseline, which
+  need not be ``base``); null flags are not counted.
+* Decode speed of an arm (Tables 4, 6: "generated tokens over decode time, summed over replies")
+  is sum(tokens) / sum(tokens / tok_s) over the arm's replies that are neither capped nor null.
+* Widths (Figure 8): an arm's ``widths`` (verified rows -> rounds) summed over its replies that
+  did not reach the cap (a loop is left out of every statistic, §4.3), as shares of its rounds.
+
+``compare()`` result (``Result``), JSON-ready (floats or None, ints)::
+
+    {"ratio": 1.23 | None, "lo": 1.10 | None, "hi": 1.38 | None,
+     "replies": int,        # pairs used in the ratio
+     "conversations": int,  # conversations with a used pair (the bootstrap's units)
+     "paired": int,         # pairs found (used + capped + null)
+     "capped": int, "null": int, "unpaired": int,
+     "text_differs": int, "text_compared": int,                        # all paired replies
+     "first_turn_text_differs": int, "first_turn_text_compared": int}  # turn == 0 only
+
+``summarize()`` shape (every key always present; a part whose arms are missing is None)::
+
+    {"baseline": "ar", "arms": [...],            # arms asked for and present, in the order given
+     "sources": [...],                           # in order of first appearance in the records
+     "bands": ["<2048", ">=2048"], "band_by": "prompt" | "midpoint",
+     "resamples": 2000, "seed": 0,
+     "looped": {arm: int},                       # replies of the arm that reached the cap
+     "looped_any": int,                          # (conversation, turn, reply) capped in any arm
+     "speed": {arm: {"overall": tok/s | None, "by_source": {source: tok/s | None}}},
+     "vs_baseline": {arm: {"overall": Result, "by_source": {source: Result},
+                           "by_band": {band: Result}}},          # every arm but the baseline
+     "widths": {arm: {"overall": Hist, "by_source": {source: Hist}}},  # arms with any widths
+     "pinned": None | {
+         "arms": ["pinned:8", ...],
+         "by_band": {"all" | band: {
+             "best": "pinned:16" | None,          # highest ratio over the baseline in that band
+             "best_over_baseline": Result | None,
+             "adaspark_over_best": Result | None, # None without an "adaspark" arm
+             "over_adaspark": {pinned arm: Result}}}},  # Table 3's columns; {} without adaspark
+     "pld": None | {
+         "arms": ["pld:2", ...],
+         "best": "pld:3" | None,                  # best overall ratio over the baseline
+         "best_over_baseline": Result | None,
+         "adaspark_over_best": None | {"overall": Result, "by_source": {source: Result}}}}
+
+    Hist = {"rounds": int, "replies": int, "capped_excluded": int,
+            "counts": {"8": int, ...}, "share": {"8": float, ...}}   # keys in numeric order
+
+``pinned`` needs the baseline and at least one ``pinned:*`` arm; ``pld`` the baseline and a
+``pld:*`` arm. Best-arm ties go to the earlier arm in ``arms``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Callable, Iterable, Optional
+
+import numpy as np
+
+BANDS = ("<2048", ">=2048")
+BAND_SPLIT = 2048
+ALL = "all"
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys
+
+
+def context_band(reply: dict, band_by: str = "prompt") -> str:
+    """``"<2048"`` or ``">=2048"``: of the reply's prompt tokens (``band_by="prompt"``) or of
+    prompt plus half the reply (``"midpoint"``, the paper's Table 3)."""
+    if band_by == "prompt":
+        c = reply["context"]
+    elif band_by == "midpoint":
+        c = reply["context"] + (reply.get("tokens") or 0) / 2
+    else:
+        raise ValueError(f"band_by must be 'prompt' or 'midpoint', not {band_by!r}")
+    return BANDS[0] if c < BAND_SPLIT else BANDS[1]
+
+
+def by_source(reply: dict) -> str:
+    return reply["source"]
+
+
+def _rid(r: dict) -> tuple:
+    return (r["conversation"], r["turn"], r["reply"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Pairing and ratios
+
+
+def _index(replies: Iterable[dict], arm: str) -> dict:
+    out = {}
+    for r in replies:
+        if r["arm"] != arm:
+            continue
+        k = _rid(r)
+        if k in out:
+            raise ValueError(f"duplicate reply record for arm {arm!r}: {k}")
+        out[k] = r
+    return out
+
+
+def _pairs(replies: list[dict], arm: str, base: str) -> tuple[list[tuple[dict, dict]], int]:
+    """Paired (arm record, base record) in the arm's record order, and the number of replies
+    present in only one of the two arms."""
+    a, b = _index(replies, arm), _index(replies, base)
+    pairs = [(ra, b[k]) for k, ra in a.items() if k in b]
+    unpaired = len(a.keys() ^ b.keys())
+    return pairs, unpaired
+
+
+def _speed(r: dict) -> float:
+    v = float(r["tok_s"])
+    if not (v > 0 and math.isfinite(v)):
+        raise ValueError(f"tok_s must be a positive number or null, got {r['tok_s']!r} in {_rid(r)} of {r['arm']!r}")
+    return v
+
+
+def ratio_rows(replies: list[dict], arm: str, base: str) -> dict:
+    """The per-reply ratios of ``arm`` over ``base`` and what was left out::
+
+        {"rows": [{"conversation", "turn", "reply", "source", "ratio", "arm": record,
+                   "base": record}, ...],       # used pairs, in the arm's record order
+         "capped": int,   # pairs capped in either arm
+         "null": int,     # remaining pairs with a null tok_s in either arm
+         "unpaired": int, "paired": int}
+    """
+    pairs, unpaired = _pairs(replies, arm, base)
+    rows, capped, null = [], 0, 0
+    for ra, rb in pairs:
+        if ra.get("capped") or rb.get("capped"):
+            capped += 1
+        elif ra.get("tok_s") is None or rb.get("tok_s") is None:
+            null += 1
+        else:
+            rows.append({"conversation": ra["conversation"], "turn": ra["turn"], "reply": ra["reply"],
+                         "source": ra.get("source"), "ratio": _speed(ra) / _speed(rb), "arm": ra, "base": rb})
+    return {"rows": rows, "capped": capped, "null": null, "unpaired": unpaired, "paired": len(pairs)}
+
+
+def geomean(values: Iterable[float]) -> Optional[float]:
+    v = np.asarray(list(values), dtype=float)
+    if v.size == 0:
+        return None
+    return float(np.exp(np.mean(np.log(v))))
+
+
+def bootstrap_geomean(conversations: list, log_ratios: list[float], resamples: int = 2000,
+                      seed: int = 0) -> tuple[Optional[float], Optional[float]]:
+    """95% percentile interval of the pooled geometric mean, resampling whole conversations
+    (``conversations[i]`` is the conversation of ``log_ratios[i]``; see the module docstring)."""
+    if not log_ratios:
+        return None, None
+    convs = sorted(set(conversations))
+    pos = {c: i for i, c in enumerate(convs)}
+    n = len(convs)
+    sums = np.zeros(n)
+    counts = np.zeros(n)
+    for c, x in zip(conversations, log_ratios):
+        sums[pos[c]] += x
+        counts[pos[c]] += 1
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(int(resamples), n))
+    stats = np.exp(sums[idx].sum(axis=1) / counts[idx].sum(axis=1))
+    lo, hi = np.percentile(stats, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def _result(rows: list[dict], pairs: list[tuple[dict, dict]], capped: int, null: int, unpaired: int,
+            resamples: int, seed: int) -> dict:
+    logs = [math.log(r["ratio"]) for r in rows]
+    convs = [r["conversation"] for r in rows]
+    point = float(math.exp(sum(logs) / len(logs))) if logs else None
+    lo, hi = bootstrap_geomean(convs, logs, resamples, seed)
+    flags = [(ra["turn"], ra.get("same_text_as_baseline")) for ra, _ in pairs]
+    flags = [(t, f) for t, f in flags if f is not None]
+    return {
+        "ratio": point, "lo": lo, "hi": hi,
+        "replies": len(rows), "conversations": len(set(convs)), "paired": len(pairs),
+        "capped": capped, "null": null, "unpaired": unpaired,
+        "text_differs": sum(1 for _, f in flags if not f),
+        "text_compared": len(flags),
+        "first_turn_text_differs": sum(1 for t, f in flags if t == 0 and not f),
+        "first_turn_text_compared": sum(1 for t, _ in flags if t == 0),
+    }
+
+
+def compare(replies: list[dict], arm: str, base: str, resamples: int = 2000, seed: int = 0,
+            key: Optional[Callable[[dict], str]] = None) -> dict:
+    """``arm`` over ``base``: a Result (module docstring) over all replies pooled, or with ``key``
+    (a function of the arm's record) ``{group: Result}`` in order of first appearance. ``unpaired``
+    is only counted in the pooled result (a missing reply has no group)."""
+    rr = ratio_rows(replies, arm, base)
+    pairs, _ = _pairs(replies, arm, base)
+    if key is None:
+        return _result(rr["rows"], pairs, rr["capped"], rr["null"], rr["unpaired"], resamples, seed)
+    groups: dict = {}
+    for ra, rb in pairs:
+        g = groups.setdefault(key(ra), {"pairs": [], "rows": [], "capped": 0, "null": 0})
+        g["pairs"].append((ra, rb))
+        if ra.get("capped") or rb.get("capped"):
+            g["capped"] += 1
+        elif ra.get("tok_s") is None or rb.get("tok_s") is None:
+            g["null"] += 1
+    for row in rr["rows"]:
+        groups[key(row["arm"])]["rows"].append(row)
+    return {k: _result(g["rows"], g["pairs"], g["capped"], g["null"], 0, resamples, seed) for k, g in groups.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-arm quantities
+
+
+def arm_speed(replies: list[dict], arm: str) -> Optional[float]:
+    """Decode tok/s of ``arm``: summed tokens over summed decode time, its capped and null replies
+    left out; None when nothing is left."""
+    tok = t = 0.0
+    for r in replies:
+        if r["arm"] == arm and not r.get("capped") and r.get("tok_s") is not None:
+            tok += r["tokens"]
+            t += r["tokens"] / _speed(r)
+    return tok / t if t > 0 else None
+
+
+def widths_histogram(replies: list[dict], arm: str, exclude_capped: bool = True) -> dict:
+    """Figure 8 for one arm: ``{"overall": Hist, "by_source": {source: Hist}}`` (Hist in the module
+    docstring); ``share`` is a width's rounds over all the arm's rounds."""
+    overall: dict = defaultdict(int)
+    per: dict = {}
+    meta = {ALL: [0, 0]}  # replies counted, capped excluded
+
+    def add(h, m, r):
+        if exclude_capped and r.get("capped"):
+            m[1] += 1
+            return
+        m[0] += 1
+        for w, n in (r.get("widths") or {}).items():
+            h[int(w)] += int(n)
+
+    for r in replies:
+        if r["arm"] != arm:
+            continue
+        src = r.get("source")
+        if src not in per:
+            per[src] = defaultdict(int)
+            meta[src] = [0, 0]
+        add(overall, meta[ALL], r)
+        add(per[src], meta[src], r)
+
+    def hist(h, m):
+        total = sum(h.values())
+        ws = sorted(w for w in h if h[w])
+        return {"rounds": total, "replies": m[0], "capped_excluded": m[1],
+                "counts": {str(w): h[w] for w in ws},
+                "share": {str(w): h[w] / total for w in ws}}
+
+    return {"overall": hist(overall, meta[ALL]), "by_source": {s: hist(h, meta[s]) for s, h in per.items()}}
+
+
+def mean_of_runs(replies: list[dict], first: str, second: str, into: str) -> list[dict]:
+    """Records of a new arm ``into`` whose speed on a reply is the mean of two runs' (paper §3.4:
+    AdaSpark runs twice). A reply is capped if it was in either run, null if either speed is null;
+    the other fields (text flag, context, widths...) are the first run's. Replies of one run only
+    are dropped."""
+    a, b = _index(replies, first), _index(replies, second)
+    out = []
+    for k, ra in a.items():
+        if k not in b:
+            continue
+        rb = b[k]
+        s = None if ra.get("tok_s") is None or rb.get("tok_s") is None else (_speed(ra) + _speed(rb)) / 2
+        out.append({**ra, "arm": into, "tok_s": s, "capped": bool(ra.get("capped") or rb.get("capped"))})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary
+
+
+def _ordered(values: Iterable) -> list:
+    seen: dict = {}
+    for v in values:
+        seen.setdefault(v, None)
+    return list(seen)
+
+
+def _best(results: dict) -> Optional[str]:
+    best, val = None, None
+    for arm, res in results.items():
+        if res is not None and res["ratio"] is not None and (val is None or res["ratio"] > val):
+            best, val = arm, res["ratio"]
+    return best
+
+
+def summarize(replies: list[dict], arms: list[str], baseline: str = "ar", resamples: int = 2000, seed: int = 0,
+              band_by: str = "prompt") -> dict:
+    """Everything ``adaspark compare`` reports, JSON-ready; the shape is in the module docstring."""
+    replies = list(replies)
+    present = set(r["arm"] for r in replies)
+    arms = [a for a in _ordered(arms) if a in present]
+    sources = _ordered(r.get("source") for r in replies if r["arm"] in arms)
+    band = lambda r: context_band(r, band_by)  # noqa: E731
+    kw = dict(resamples=resamples, seed=seed)
+
+    looped = {a: sum(1 for r in replies if r["arm"] == a and r.get("capped")) for a in arms}
+    looped_any = len({_rid(r) for r in replies if r["arm"] in arms and r.get("capped")})
+    speed = {}
+    for a in arms:
+        mine = [r for r in replies if r["arm"] == a]
+        speed[a] = {"overall": arm_speed(mine, a),
+                    "by_source": {s: arm_speed([r for r in mine if r.get("source") == s], a) for s in sources}}
+
+    vs = {}
+    if baseline in arms:
+        for a in arms:
+            if a == baseline:
+                continue
+            vs[a] = {"overall": compare(replies, a, baseline, **kw),
+                     "by_source": _fill(compare(replies, a, baseline, key=by_source, **kw), sources),
+                     "by_band": _fill(compare(replies, a, baseline, key=band, **kw), BANDS)}
+
+    widths = {}
+    for a in arms:
+        h = widths_histogram(replies, a)
+        if h["overall"]["rounds"]:
+            widths[a] = h
+
+    pinned = None
+    pinned_arms = [a for a in arms if a.startswith("pinned:")]
+    if baseline in arms and pinned_arms:
+        has_ada = "adaspark" in arms
+        by = {}
+        for b in (ALL,) + BANDS:
+            over_base = {p: (vs[p]["overall"] if b == ALL else vs[p]["by_band"][b]) for p in pinned_arms}
+            best = _best(over_base)
+
+            def one(arm, other, b=b):
+                if b == ALL:
+                    return compare(replies, arm, other, **kw)
+                return compare(replies, arm, other, key=band, **kw).get(b) or _empty()
+
+            by[b] = {"best": best, "best_over_baseline": over_base[best] if best else None,
+                     "adaspark_over_best": one("adaspark", best) if (has_ada and best) else None,
+                     "over_adaspark": {p: one(p, "adaspark") for p in pinned_arms} if has_ada else {}}
+        pinned = {"arms": pinned_arms, "by_band": by}
+
+    pld = None
+    pld_arms = [a for a in arms if a.startswith("pld:")]
+    if baseline in arms and pld_arms:
+        best = _best({p: vs[p]["overall"] for p in pld_arms})
+        ada = None
+        if best and "adaspark" in arms:
+            ada = {"overall": compare(replies, "adaspark", best, **kw),
+                   "by_source": _fill(compare(replies, "adaspark", best, key=by_source, **kw), sources)}
+        pld = {"arms": pld_arms, "best": best, "best_over_baseline": vs[best]["overall"] if best else None,
+               "adaspark_over_best": ada}
+
+    return {"baseline": baseline, "arms": arms, "sources": sources, "bands": list(BANDS), "band_by": band_by,
+            "resamples": resamples, "seed": seed, "looped": looped, "looped_any": looped_any, "speed": speed,
+            "vs_baseline": vs, "widths": widths, "pinned": pinned, "pld": pld}
+
+
+def _empty() -> dict:
+    return {"ratio": None, "lo": None, "hi": None, "replies": 0, "conversations": 0, "paired": 0, "capped": 0,
+            "null": 0, "unpaired": 0, "text_differs": 0, "text_compared": 0, "first_turn_text_differs": 0,
+            "first_turn_text_compared": 0}
+
+
+def _fill(groups: dict, keys: Iterable) -> dict:
+    """Every expected group present (an empty Result where an arm had no reply), in ``keys``'
+    order; groups outside ``keys`` are kept after them."""
+    out = {k: groups.get(k) or _empty() for k in keys}
+    out.update({k: v for k, v in groups.items() if k not in out})
+    return out
