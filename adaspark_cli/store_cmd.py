@@ -55,9 +55,9 @@ def _existing_file(p: Path, what: str) -> Path:
 def _default_model_file() -> Path:
     """The default model file if it was prepared (``models.default_model`` requantises it into the
     cache on first use; a store command does not run llama.cpp to make it)."""
-    from adaspark_core.models import DEFAULT_NAME, home
+    from adaspark_core.models import default_model_file
 
-    p = home() / "models" / DEFAULT_NAME
+    p = default_model_file()
     if not p.is_file():
         raise InputError(f"the default model has not been prepared yet ({p} is missing), so it has no store: "
                          f"run a decode first, or name the store with --store or the model with --model")
@@ -87,21 +87,10 @@ def locate(store: Optional[Path], model: Optional[Path], drafter: Optional[str],
 
 
 def read_store(path: Path, fp: Optional[dict], hint: str):
-    """(Store, the schema of the file on disk): the store at ``path``, validated like Store.open
-    (JSON, schema, shape) and, when ``fp`` is given, checked to have that fingerprint. StoreError
-    ending in ``hint`` otherwise. Reads the file once and never writes it."""
-    from adaspark_core import store as sm
+    """(Store, the schema of the file on disk), never writing it (store.Store.read)."""
+    from adaspark_core.store import Store
 
-    raw = sm._read(path)
-    d = sm._parse(raw, path, hint=hint)
-    if fp is not None and sm._canonical(d["fingerprint"]) != sm._canonical(fp):
-        raise sm._mismatch(path, d["fingerprint"], fp, hint)
-    try:
-        file_schema = orjson.loads(raw).get("schema")
-    except (orjson.JSONDecodeError, AttributeError):  # cannot happen after _parse; be safe
-        file_schema = None
-    st = sm.Store(path, d["fingerprint"], counts=d["counts"], sections=d["sections"], updated=d.get("updated"))
-    return st, file_schema
+    return Store.read(path, fp, hint)
 
 
 def _require(path: Path, what: str) -> None:
@@ -232,9 +221,9 @@ def import_(
         if file.is_dir():
             raise InputError(f"{file} is a directory, not a store file; {hint}")
         src, _ = read_store(file, None, hint=hint)
-        foreign = sm._canonical(src.fingerprint) != sm._canonical(fp)
-        if foreign and not force:
-            raise sm._mismatch(file, src.fingerprint, fp, hint + " (use --force to import it anyway)")
+        foreign = not sm.same_fingerprint(src.fingerprint, fp)
+        if foreign and not force:  # read it again against fp: the mismatch error names the fields
+            read_store(file, fp, hint=hint + " (use --force to import it anyway)")
         if path.is_dir():
             raise InputError(f"{path} is a directory, not a store file; {hint}")
         if path.exists():
@@ -263,8 +252,7 @@ def import_(
 def _same(cur, fp: dict, src) -> bool:
     from adaspark_core import store as sm
 
-    return (sm._canonical(cur.fingerprint) == sm._canonical(fp) and cur.counts == src.counts
-            and cur.sections == src.sections)
+    return sm.same_fingerprint(cur.fingerprint, fp) and cur.counts == src.counts and cur.sections == src.sections
 
 
 def _counts(st) -> str:

@@ -41,12 +41,17 @@ def shipped_default() -> Path:
     return path
 
 
+def default_model_file() -> Path:
+    """Where the default (Q4_0) model file lives once prepared by ``default_model``."""
+    return home() / "models" / DEFAULT_NAME
+
+
 def default_model(quant: str = "q4_0") -> Path:
     """The default model file, requantised into the cache on first use (atomically)."""
     shipped = shipped_default()
     if quant == "q4_1":
         return shipped
-    target = home() / "models" / DEFAULT_NAME
+    target = default_model_file()
     if target.is_file():
         return target
     from .engine.llama import quantize

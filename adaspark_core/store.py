@@ -168,6 +168,10 @@ def _canonical(fp: dict) -> bytes:
     return orjson.dumps(fp, option=orjson.OPT_SORT_KEYS)
 
 
+def same_fingerprint(a: dict, b: dict) -> bool:
+    return _canonical(a) == _canonical(b)
+
+
 def fingerprint_key(fp: dict) -> str:
     """A short stable hex key for ``fp``: the first 16 hex digits of SHA-256 of its canonical JSON."""
     return hashlib.sha256(_canonical(fp)).hexdigest()[:16]
@@ -310,6 +314,19 @@ class Store:
         if _canonical(d["fingerprint"]) != _canonical(fp):
             raise _mismatch(path, d["fingerprint"], fp, _HINT)
         return cls(path, fp, counts=d["counts"], sections=d["sections"], updated=d.get("updated"))
+
+    @classmethod
+    def read(cls, path: PathLike, fp: dict | None = None, hint: str = _HINT) -> tuple["Store", object]:
+        """(the store at ``path``, the schema of the file on disk), for inspection: validated as
+        ``open`` does and, when ``fp`` is given, checked to have that fingerprint; StoreError
+        ending in ``hint`` otherwise, also for a missing file. Reads the file once, never writes."""
+        path = Path(path)
+        raw = _read(path)
+        d = _parse(raw, path, hint=hint)
+        if fp is not None and _canonical(d["fingerprint"]) != _canonical(fp):
+            raise _mismatch(path, d["fingerprint"], fp, hint)
+        file_schema = orjson.loads(raw).get("schema")  # _parse upgraded its copy
+        return cls(path, d["fingerprint"], counts=d["counts"], sections=d["sections"], updated=d.get("updated")), file_schema
 
     def get(self, name: str) -> dict | None:
         """The state saved under ``name``, or None."""
