@@ -231,7 +231,20 @@ class LlamaModel:
         return self._piece_buf.raw[: max(n, 0)]
 
 
-class LlamaTarget:
+class _FreedWithObject:
+    """Contexts hold large buffers: free them (``close``) when the object goes."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class LlamaTarget(_FreedWithObject):
     """A target for tree verification on one llama.cpp context.
 
     State between rounds: sequence 0 holds the committed tokens except the last one, the anchor,
@@ -303,12 +316,6 @@ class LlamaTarget:
             L.llama_batch_free(self.batch)
             L.llama_free(self.ctx)
             self.ctx = None
-
-    def __del__(self):  # contexts hold large buffers; free them with the object
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # --- delegation to the model ---------------------------------------------------------------
 
@@ -497,7 +504,7 @@ class LlamaTarget:
         return L.llama_state_seq_get_size(self.ctx, seq)
 
 
-class LlamaSequence:
+class LlamaSequence(_FreedWithObject):
     """One KV sequence on its own context, for a drafter: append tokens at the end, read the
     logits of the last one, drop a tail. (The draft model's cache; the target is LlamaTarget.)"""
 
@@ -526,12 +533,6 @@ class LlamaSequence:
             L.llama_batch_free(self.batch)
             L.llama_free(self.ctx)
             self.ctx = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def clear(self) -> None:
         L.llama_memory_clear(self.mem, True)
@@ -568,7 +569,7 @@ class LlamaSequence:
 
 
 
-class DSparkContext:
+class DSparkContext(_FreedWithObject):
     """A DSpark block drafter (the ``dflash`` architecture with a Markov head) on its own context,
     reading a target's hidden states, as vendored common/speculative.cpp runs it.
 
@@ -627,12 +628,6 @@ class DSparkContext:
         if getattr(self, "ctx", None):
             L.llama_free(self.ctx)
             self.ctx = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def clear(self) -> None:
         L.llama_memory_clear(self.mem, True)
