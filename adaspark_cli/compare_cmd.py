@@ -118,7 +118,7 @@ def write_results(out: Path, replies, summary, lm, drafter, arms, settings) -> N
     """compare.json: enough to report the run and re-plot it."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from adaspark_core.store import _write_atomic, fingerprint
+    from adaspark_core.store import write_atomic, fingerprint
 
     def ver(pkg):
         try:
@@ -138,4 +138,4 @@ def write_results(out: Path, replies, summary, lm, drafter, arms, settings) -> N
         "replies": replies,
     }
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out / "compare.json", orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    write_atomic(out / "compare.json", orjson.dumps(doc, option=orjson.OPT_INDENT_2))

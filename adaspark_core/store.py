@@ -101,7 +101,7 @@ def _model_digest(path: Path, cache: Path) -> str:
     digest = _sha256_file(path)
     entries[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
     try:
-        _write_atomic(cache, orjson.dumps(entries, option=_DUMP))
+        write_atomic(cache, orjson.dumps(entries, option=_DUMP))
     except OSError:
         pass
     return digest
@@ -195,7 +195,7 @@ def _diff(a, b, prefix: str = "") -> list[str]:
 # --- file I/O ----------------------------------------------------------------------------------
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` by ``data`` so that readers (and a crash) see the old or the new file only.
 
     The temp file lives in the target's directory because ``os.replace`` is atomic only within a
@@ -360,7 +360,7 @@ class Store:
     def save(self) -> None:
         """Write the store atomically (the old file stays intact if anything fails)."""
         self.updated = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        _write_atomic(self.path, orjson.dumps(self.to_json(), option=_DUMP))
+        write_atomic(self.path, orjson.dumps(self.to_json(), option=_DUMP))
 
     @staticmethod
     def reset(path: PathLike) -> bool:
@@ -377,7 +377,7 @@ class Store:
         path = Path(path)
         raw = _read(path)  # read once: what is checked is what is copied
         _parse(raw, path, hint="nothing was exported")
-        _write_atomic(Path(dest), raw)
+        write_atomic(Path(dest), raw)
 
     @staticmethod
     def import_(src: PathLike, path: PathLike, fp: dict, *, force: bool = False) -> "Store":

@@ -13,7 +13,7 @@ from adaspark_core.scheduler import Generation, parse_arm
 from adaspark_core.tree import ANCHOR, PICK, SIBLING
 
 from conftest import prompt_tokens
-from test_engine import check_greedy, check_kv
+from test_engine import decode_checked
 
 
 def test_top_k_and_the_block_shape():
@@ -54,26 +54,21 @@ def test_a_draft_model_decodes_exactly_and_its_cache_follows_the_targets(lm, tar
 
     draft_lm = lm if which == "self" else LlamaModel(shipped_default())
     drafter = ModelDrafter(lm, draft_lm, target.n_ctx, block=4, top_k=4)
-    rounds = accepted = 0
+    paths = []
+
+    def per_round(gen):
+        rec = gen.last_record
+        # the draft cache holds exactly the committed text but the anchor, as the target's
+        assert drafter.n_past == target.n_past and drafter.seq.n_past == target.n_past
+        assert drafter.anchor == target.anchor
+        picks = [c for c in rec.candidates if c["source"] == PICK]
+        assert 1 <= len(picks) <= 4 and all(0 < c["h"] <= 1 and 0 < c["share"] <= 1 for c in picks)
+        assert all(0 <= c["share"] <= 1 for c in rec.candidates if c["source"] == SIBLING)
+        paths.append(len(rec.path))
+
     for name, arm in [("explain.txt", "tree:8"), ("story.txt", "adaspark"), ("code.txt", "pinned:6")]:
-        prompt = prompt_tokens(lm, name)
-        gen = Generation(target, prompt, parse_arm(arm), max_tokens=200, drafter=drafter)
-        sizes, widths = [], []
-        for emitted in gen:
-            rec = gen.last_record
-            check_kv(target, sizes)
-            # the draft cache holds exactly the committed text but the anchor, as the target's
-            assert drafter.n_past == target.n_past and drafter.seq.n_past == target.n_past
-            assert drafter.anchor == target.anchor
-            picks = [c for c in rec.candidates if c["source"] == PICK]
-            assert 1 <= len(picks) <= 4 and all(0 < c["h"] <= 1 and 0 < c["share"] <= 1 for c in picks)
-            assert all(0 <= c["share"] <= 1 for c in rec.candidates if c["source"] == SIBLING)
-            widths += [gen.last_width] * len(emitted)
-            rounds += 1
-            accepted += len(rec.path)
-        if gen.finish == "stop":
-            widths.append(gen.last_width)
-        check_greedy(lm, prompt, gen.tokens, gen.finish, widths)
+        decode_checked(lm, target, prompt_tokens(lm, name), arm, 200, per_round, drafter=drafter)
+    rounds, accepted = len(paths), sum(paths)
     print(f"{which}: {accepted} draft tokens accepted in {rounds} rounds")
     if which == "self":  # the target drafting for itself: its picks are its own argmax
         assert accepted / rounds > 2.0
@@ -85,16 +80,13 @@ def test_block_chain_verifies_the_drafters_picks_as_one_chain(lm, target):
 
     drafter = ModelDrafter(lm, lm, target.n_ctx, block=5, top_k=4)
     prompt = prompt_tokens(lm, "explain.txt")
-    gen = Generation(target, prompt, parse_arm("block-chain"), max_tokens=60, drafter=drafter)
-    widths = []
-    for emitted in gen:
+
+    def per_round(gen):
         rec = gen.last_record
         assert [c["source"] for c in rec.candidates] == [PICK] * len(rec.candidates) and len(rec.candidates) <= 5
         assert [c["parent"] for c in rec.candidates] == list(range(-1, len(rec.candidates) - 1))
         assert rec.width == len(rec.candidates) + 1
-        widths += [gen.last_width] * len(emitted)
-    if gen.finish == "stop":
-        widths.append(gen.last_width)
-    check_greedy(lm, prompt, gen.tokens, gen.finish, widths)
+
+    decode_checked(lm, target, prompt, "block-chain", 60, per_round, drafter=drafter)
     with pytest.raises(InputError, match="--drafter"):
         Generation(target, prompt, parse_arm("block-chain"), max_tokens=8)

@@ -14,7 +14,7 @@ from adaspark_core.tree import ANCHOR, PICK, SIBLING
 
 from conftest import ROOT, prompt_tokens
 from test_cli import adaspark, assert_one_error_line
-from test_engine import check_greedy, check_kv
+from test_engine import decode_checked
 
 pytestmark = pytest.mark.model
 
@@ -61,30 +61,25 @@ def check_block(cands, depth_limit):
 def test_dspark_decodes_exactly_and_its_cache_follows_the_targets(lm, dspark):
     target, drafter = dspark
     assert drafter.B == B and drafter.ctx.has_confidence and len(drafter.ctx.layer_ids) == 3
-    rounds = 0
+    rounds = []
     confidences = set()
+
+    def per_round(gen):
+        rec = gen.last_record
+        # the draft cache holds a cell at every committed position but the anchor's, as the
+        # target's does, and no block cell survives a round
+        assert drafter.n_past == target.n_past and drafter.ctx.pos_range() == (0, target.n_past - 1)
+        assert drafter.anchor == target.anchor
+        drafted = [c for c in rec.candidates if c["source"] in (PICK, SIBLING)]
+        depth_limit = min(gen.arm.max_width - 1, target.n_ctx - rec.context)
+        assert len(drafted) == min(B, depth_limit) * K
+        confidences.update(c["h"] for c in drafted)
+        rounds.append(rec.round)
+
     for name, arm in [("explain.txt", "tree:8"), ("story.txt", "adaspark"), ("code.txt", "pinned:6"),
                       ("list.txt", "tree:16")]:
-        prompt = prompt_tokens(lm, name)
-        gen = Generation(target, prompt, parse_arm(arm), max_tokens=160, drafter=drafter)
-        sizes, widths = [], []
-        for emitted in gen:
-            rec = gen.last_record
-            check_kv(target, sizes)
-            # the draft cache holds a cell at every committed position but the anchor's, as the
-            # target's does, and no block cell survives a round
-            assert drafter.n_past == target.n_past and drafter.ctx.pos_range() == (0, target.n_past - 1)
-            assert drafter.anchor == target.anchor
-            drafted = [c for c in rec.candidates if c["source"] in (PICK, SIBLING)]
-            depth_limit = min(parse_arm(arm).max_width - 1, target.n_ctx - rec.context)
-            assert len(drafted) == min(B, depth_limit) * K
-            confidences |= {c["h"] for c in drafted}
-            widths += [gen.last_width] * len(emitted)
-            rounds += 1
-        if gen.finish == "stop":
-            widths.append(gen.last_width)
-        check_greedy(lm, prompt, gen.tokens, gen.finish, widths)
-    assert rounds >= 200
+        decode_checked(lm, target, prompt_tokens(lm, name), arm, 160, per_round, drafter=drafter)
+    assert len(rounds) >= 200
     assert len(confidences) > 10  # the confidence head's output, not a constant
 
 

@@ -61,22 +61,30 @@ def check_greedy(lm, prompt, reply, finish, widths):
     return near
 
 
+def decode_checked(lm, target, prompt, arm, max_tokens, per_round=None, **kw):
+    """Decode a reply with ``arm``, checking the target's KV cache and ``per_round(gen)`` after
+    every round and every emitted token against a re-score at the end. Returns (gen, near ties
+    from one-row verifies, from wider ones)."""
+    gen = Generation(target, prompt, parse_arm(arm), max_tokens=max_tokens, **kw)
+    sizes = []
+    widths = []  # the width of the verify that produced each emitted token
+    for emitted in gen:
+        check_kv(target, sizes)
+        if per_round is not None:
+            per_round(gen)
+        widths += [gen.last_width] * len(emitted)
+    if gen.finish == "stop":
+        widths.append(gen.last_width)
+    return (gen, *check_greedy(lm, prompt, gen.tokens, gen.finish, widths))
+
+
 @pytest.mark.model
 @pytest.mark.parametrize("arm", ARMS)
 def test_every_emitted_token_is_the_targets_argmax(lm, target, arm):
     near = [0, 0]
     total = 0
     for name in PROMPT_NAMES:
-        prompt = prompt_tokens(lm, name)
-        gen = Generation(target, prompt, parse_arm(arm), max_tokens=64)
-        sizes = []
-        widths = []  # the width of the verify that produced each emitted token
-        for emitted in gen:
-            check_kv(target, sizes)
-            widths += [gen.last_width] * len(emitted)
-        if gen.finish == "stop":
-            widths.append(gen.last_width)
-        a, b = check_greedy(lm, prompt, gen.tokens, gen.finish, widths)
+        gen, a, b = decode_checked(lm, target, prompt_tokens(lm, name), arm, 64)
         near = [near[0] + a, near[1] + b]
         total += len(gen.tokens)
     print(f"{arm}: near-tie mismatches in {total} tokens: {near[0]} from one-row verifies, {near[1]} from wider ones")
