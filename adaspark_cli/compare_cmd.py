@@ -19,16 +19,18 @@ def compare(
     drafter: str = typer.Option("none", "--drafter", help="none, dspark:FILE or model:FILE, for every AdaSpark arm."),
     block: Optional[int] = typer.Option(None, "--block", min=1, help="Positions a model drafter proposes per round (B)."),
     top_k: int = typer.Option(8, "--top-k", min=1, help="Candidates a model drafter keeps per position (K)."),
-    arms: str = typer.Option(DEFAULT_ARMS, "--arms", help="Comma-separated: ar, pld:N, chain:N, block-chain, tree:N, cost, adaspark, pinned:N (ar always runs: it is the baseline)."),
+    arms: str = typer.Option(DEFAULT_ARMS, "--arms", help="Comma-separated: ar, pld:N, chain:N, block-chain, tree:N, cost, adaspark, pinned:N (ar always runs: it is the baseline); llama.cpp's own llama-server (make peer): llama:ar, llama:SPEC or llama:SPEC:N:M, SPEC one of ngram-simple, ngram-map-k, ngram-map-k4v (N: --spec-ngram-*-size-n, the n-gram looked up; M: --spec-ngram-*-size-m, the most draft tokens), ngram-mod (N: --spec-ngram-mod-n-match; M: --spec-ngram-mod-n-max) or ngram-cache (no sizes)."),
     sets: Optional[List[Path]] = typer.Option(None, "--sets", help="A folder of conversation sets, set files (.json) or prompt files (one turn each); repeat it. Default: ../shared/testset."),
     subset: str = typer.Option("eval", "--subset", help="eval (the paper's evaluation subset rule), short (first two turns of each source's first conversation) or all."),
-    max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Reply cap; capped replies are left out of the ratios and counted."),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Reply cap; capped replies count in the first-N ratio and are left out of the paper's."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Decode every reply K times and keep the median speed."),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for compare.json (every reply, the summary, machine, model hash, versions) and ratios.png."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object instead of tables."),
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", min=16, help="Context size (default: the model's, at most 8192)."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads (default: all)."),
     resamples: int = typer.Option(2000, "--resamples", min=100, help="Bootstrap resamples (seeded)."),
+    warm: int = typer.Option(0, "--warm", min=0, help="Run the learning arms (adaspark, cost, pinned:N) over the whole workload K times, untimed, before measuring: a warm store (0: cold)."),
+    logs: Optional[Path] = typer.Option(None, "--logs", help="Folder for one round log per AdaSpark arm (adaspark.jsonl, chain_3.jsonl, ...; warm passes in warm-<arm>.jsonl), for adaspark replay."),
 ) -> None:
     """Run several arms over the same conversations, each carrying its own replies as history, and
     report decode speed over ar per source, overall and by context band with 95% bootstrap
@@ -45,6 +47,8 @@ def compare(
         if subset not in cmp.SUBSETS:
             raise InputError(f"unknown subset {subset!r}: use {', '.join(cmp.SUBSETS)}")
         convs = load_workload(sets, subset)
+        if logs is not None and logs.exists() and not logs.is_dir():
+            raise InputError(f"--logs wants a folder: {logs} is a file")
         lm, target, the_drafter = load_engine(model, n_ctx, threads, drafter, block, top_k)
 
         def llama():
@@ -60,22 +64,29 @@ def compare(
             return Llama(str(lm.path), n_ctx=target.n_ctx, n_threads=n, n_threads_batch=n, verbose=False,
                          logits_all=True, draft_model=LlamaPromptLookupDecoding())
 
-        arm_list = cmp.make_arms(arms.split(","), target, the_drafter, llama, lm.is_eog)
-        total = sum(len(c.turns) for c in convs) * len(arm_list)
+        arm_list = cmp.make_arms(arms.split(","), target, the_drafter, llama, lm.is_eog, model_path=lm.path, n_ctx=target.n_ctx, threads=threads)
+        total = cmp.steps(convs, arm_list, warm)
         with tqdm(total=total, desc="compare", unit="reply", file=sys.stderr, disable=None) as bar:
-            replies = cmp.run(convs, arm_list, lm.chat_prompt, target.n_ctx, max_tokens, repeat, progress=bar.update)
+            replies = cmp.run(convs, arm_list, lm.chat_prompt, target.n_ctx, max_tokens, repeat, progress=bar.update,
+                              warm=warm, log_dir=logs)
+        cmp.close_arms(arm_list)  # stop the llama-server peers (on an error, their atexit hook does)
         names = [a.name for a in arm_list]
         summary = summarize(replies, names, baseline="ar", resamples=resamples, band_by="midpoint")
         if out is not None:
             write_results(out, replies, summary, lm, the_drafter, names,
                           {"max_tokens": max_tokens, "subset": subset, "repeat": repeat, "n_ctx": target.n_ctx,
+                           "warm": warm, "logs": str(logs) if logs is not None else None,
                            "sets": [str(s) for s in sets or []] or ["../shared/testset"]})
-            figure(summary, out / "ratios.png", title=f"{lm.path.name}: decode speed over ar")
+            png = out / "ratios.png"
+            if figure(summary, png, title=f"{lm.path.name}: decode speed over ar") is None:
+                png.unlink(missing_ok=True)  # an older run's figure would pass for this one's
+                sys.stderr.write(f"adaspark: no ratio to plot: {png} not written\n")
         if as_json:
             sys.stdout.write(orjson.dumps(summary).decode() + "\n")
         else:
+            store = f"warm store ({warm} untimed pass{'es' if warm > 1 else ''} first)" if warm else "cold store"
             sys.stdout.write(f"model {lm.path.name}, {len(convs)} conversations, replies capped at {max_tokens} "
-                             f"tokens, subset {subset}\n")
+                             f"tokens, subset {subset}, learning arms from a {store}\n")
             sys.stdout.write(tables(summary))
 
 

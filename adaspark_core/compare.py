@@ -5,10 +5,17 @@ order that reverses from one turn to the next (so drift on the machine falls on 
 reply's decode speed is on the client clock: the tokens after the first delta over the time from
 the first delta to the last. AdaSpark's arms run through the scheduler (``scheduler.Generation``);
 ``pld:N`` is llama-cpp-python's own prompt-lookup decoding (``LlamaPromptLookupDecoding`` with
-``num_pred_tokens`` N) through its high-level ``Llama`` API, the peer a user of that API has today.
+``num_pred_tokens`` N) through its high-level ``Llama`` API, the peer a user of that API has today;
+``llama:SPEC`` is llama.cpp's own llama-server with its ``--spec-type`` SPEC (adaspark_core/peer.py).
 
 A tool turn (ToolACE) gives two timed replies when the model calls a tool: the call, then the answer
 after the recorded result is returned as a ``tool`` message; a reply that calls nothing ends the turn.
+
+Every reply also keeps its delta trace, ``[[tokens so far, seconds since the first delta], ...]`` on
+the client clock, from which stats.py measures every pair of replies over their common first N
+tokens (capped replies included). ``warm`` passes run the learning arms over the whole workload
+before the measured pass, untimed and unrecorded, so they are measured from a warm store; the
+learners are the arms' own, so what the warm pass taught them carries into the measured pass.
 """
 
 from __future__ import annotations
@@ -16,12 +23,14 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import orjson
 
 from .errors import InputError
 from .learned import Learners
+from .record import RoundLog
 from .scheduler import Arm, Generation, parse_arm
 from .testset import Conversation, user_message
 
@@ -88,6 +97,16 @@ class Answer:
     tok_s: float | None
     finish: str
     widths: dict[str, int] = field(default_factory=dict)
+    # [[tokens so far, seconds since the first delta], ...], one entry per streamed delta (client
+    # clock); None for an arm that cannot tell, whose replies then stay out of the first-N ratio.
+    trace: list[list] | None = None
+
+
+TRACE_DIGITS = 6  # seconds rounded to a microsecond: far below a delta's spacing, and compact
+
+
+def trace_point(tokens: int, seconds: float) -> list:
+    return [int(tokens), round(float(seconds), TRACE_DIGITS)]
 
 
 class SchedulerArm:
@@ -103,12 +122,16 @@ class SchedulerArm:
     def answer(self, prompt: list[int], max_tokens: int, request_id: str) -> Answer:
         gen = Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id,
                          learners=self.learners, drafter=self.drafter, log=self.log)
-        for _ in gen:
-            pass
         st = gen.stats
+        trace: list[list] = []
+        for _ in gen:
+            # The generation stamps each round's delta on its clock (Stats.delta) before yielding
+            # it; a round that emitted nothing new is not a delta.
+            if st.t_first is not None and st.generated > (trace[-1][0] if trace else 0):
+                trace.append(trace_point(st.generated, st.t_last - st.t_first))
         text = b"".join(map(self.target.piece, gen.tokens)).decode("utf-8", "replace")
         return Answer(gen.tokens, text, st.decode_tps, gen.finish,
-                      {str(w): n for w, n in sorted(st.widths.items())})
+                      {str(w): n for w, n in sorted(st.widths.items())}, trace or None)
 
 
 class PromptLookupArm:
@@ -142,12 +165,17 @@ class PromptLookupArm:
                 break
         tok_s = (len(tokens) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
         text = llm.detokenize(tokens).decode("utf-8", "replace")
-        return Answer(tokens, text, tok_s, finish)
+        # Llama.generate yields token by token: every token is a delta.
+        trace = [trace_point(i + 1, t - times[0]) for i, t in enumerate(times)]
+        return Answer(tokens, text, tok_s, finish, trace=trace or None)
 
 
 def make_arms(specs: list[str], target, drafter, llama_factory: Callable[[], object], is_eog: Callable[[int], bool],
-              learners_factory: Callable[[], Learners] = Learners) -> list:
-    """The arms ``specs`` name, in order; ar is always first (the baseline)."""
+              learners_factory: Callable[[], Learners] = Learners, model_path=None, n_ctx: int | None = None,
+              threads: int | None = None) -> list:
+    """The arms ``specs`` name, in order; ar is always first (the baseline). A ``llama:`` arm is
+    llama.cpp's own llama-server (adaspark_core/peer.py), run on ``model_path`` with ``n_ctx`` and
+    ``threads``; call ``close_arms`` when the run ends."""
     names = [s.strip() for s in specs if s.strip()]
     if "ar" in names:
         names.remove("ar")
@@ -156,6 +184,17 @@ def make_arms(specs: list[str], target, drafter, llama_factory: Callable[[], obj
         raise InputError("an arm is named twice")
     arms, llama = [], None
     for spec in names:
+        if spec.isdigit() and any(n.startswith("llama:") for n in names):  # llama:ngram-mod,8,16 split up
+            raise InputError(f"arm {spec!r}: a llama-server arm's sizes go after colons, e.g. llama:ngram-mod:8:16")
+        if spec.startswith("llama:"):
+            from .peer import LlamaServerArm  # here: peer.py imports Answer from this module
+
+            if model_path is None or n_ctx is None:
+                raise InputError(f"arm {spec}: a llama-server arm needs the model file and context size")
+            # the reply's text made from its tokens as SchedulerArm makes it, so texts compare alike
+            arms.append(LlamaServerArm(spec, model_path, n_ctx, threads, is_eog,
+                                       detokenize=lambda toks: b"".join(map(target.piece, toks)).decode("utf-8", "replace")))
+            continue
         m = re.fullmatch(r"pld:(\d+)", spec)
         if m:
             if int(m.group(1)) < 1:
@@ -170,14 +209,80 @@ def make_arms(specs: list[str], target, drafter, llama_factory: Callable[[], obj
     return arms
 
 
+def close_arms(arms: list) -> None:
+    """Stop what the arms run outside this process (the llama-server peers); safe to call twice."""
+    for a in arms:
+        close = getattr(a, "close", None)
+        if close is not None:
+            close()
+
+
 # --- the run ----------------------------------------------------------------------------------------
 
 
 def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]], list[int]], n_ctx: int,
-        max_tokens: int, repeat: int = 1, progress: Callable[[], None] | None = None) -> list[dict]:
+        max_tokens: int, repeat: int = 1, progress: Callable[[], None] | None = None, warm: int = 0,
+        log_dir: Path | None = None) -> list[dict]:
     """Every arm over every conversation; one record per (arm, conversation, turn, reply), in the
     format adaspark_core/stats.py reads. ``repeat``: replies are decoded that many times and the
-    median speed kept (greedy decoding gives the same text each time)."""
+    median speed kept, with that run's trace (greedy decoding gives the same text each time).
+
+    ``warm``: first run the learning arms (those with learners: adaspark, cost, pinned:N) over the
+    whole workload that many times, untimed and unrecorded (request ids ``warm<k>:...``), so the
+    measured pass starts from the store they learned. ``log_dir``: a round log per scheduler arm
+    of the measured pass, ``<arm>.jsonl`` (``:`` as ``_``), and of the warm passes,
+    ``warm-<arm>.jsonl``; each file is started afresh. A log holds one arm, so ``adaspark replay``
+    drives one set of fresh learners through it, as the run did (after the warm log, if any)."""
+    learning = [a for a in arms if getattr(a, "learners", None) is not None]
+    logged = [a for a in arms if isinstance(a, SchedulerArm)]
+    logs: list[RoundLog] = []
+
+    def open_logs(which: list, warm_pass: bool) -> None:
+        for a in which:
+            path = log_path(log_dir, a.name, warm_pass)
+            path.write_bytes(b"")  # RoundLog appends: a rerun into the same folder starts afresh
+            a.log = RoundLog(path)
+            logs.append(a.log)
+
+    def close_logs() -> None:
+        for a in logged:
+            a.log = None
+        while logs:
+            logs.pop().close()
+
+    if log_dir is not None:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        if warm > 0 and learning:
+            if log_dir is not None:
+                open_logs([a for a in learning if a in logged], True)
+            for k in range(warm):
+                _pass(convs, learning, chat_prompt, n_ctx, max_tokens, 1, progress, f"warm{k + 1}:")
+            close_logs()
+        if log_dir is not None:
+            open_logs(logged, False)
+        records = _pass(convs, arms, chat_prompt, n_ctx, max_tokens, repeat, progress, "")
+    finally:
+        close_logs()
+    _mark_same_text(records, arms[0].name)
+    return records
+
+
+def log_path(log_dir: Path, arm: str, warm: bool = False) -> Path:
+    """``DIR/chain_3.jsonl``, ``DIR/warm-adaspark.jsonl``: one round log per arm and pass."""
+    return Path(log_dir) / f"{'warm-' if warm else ''}{arm.replace(':', '_').replace('/', '_')}.jsonl"
+
+
+def steps(convs: list[Conversation], arms: list, warm: int = 0) -> int:
+    """The progress steps ``run`` takes: one per (arm, turn) of the measured and warm passes."""
+    turns = sum(len(c.turns) for c in convs)
+    learning = sum(1 for a in arms if getattr(a, "learners", None) is not None)
+    return turns * (len(arms) + warm * learning)
+
+
+def _pass(convs: list[Conversation], arms: list, chat_prompt, n_ctx: int, max_tokens: int, repeat: int,
+          progress, tag: str) -> list[dict]:
+    """One pass of ``arms`` over the workload; ``tag`` prefixes the request ids."""
     records: list[dict] = []
     for ci, conv in enumerate(convs):
         history = {a.name: system_messages(conv) for a in arms}
@@ -195,25 +300,28 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
                     if len(prompt) + max_tokens >= n_ctx:
                         alive[arm.name] = False  # the conversation no longer fits: it ends here
                         break
-                    ans = _answer(arm, prompt, max_tokens, f"{conv.name}/{ti}/{reply}", repeat)
+                    ans = _answer(arm, prompt, max_tokens, f"{tag}{conv.name}/{ti}/{reply}", repeat)
                     records.append({"arm": arm.name, "source": conv.set, "conversation": conv.name, "turn": ti,
                                     "reply": reply, "tok_s": ans.tok_s, "tokens": len(ans.tokens),
                                     "capped": ans.finish == "length", "context": len(prompt), "finish": ans.finish,
-                                    "widths": ans.widths, "text": ans.text})
+                                    "widths": ans.widths, "text": ans.text, "trace": getattr(ans, "trace", None)})
                     messages = messages + [{"role": "assistant", "content": ans.text}]
                     if reply == 1 or turn.get("result") is None or not looks_like_tool_call(ans.text):
                         break
                     messages = messages + [{"role": "tool", "content": str(turn["result"])}]
                 history[arm.name] = messages
-    _mark_same_text(records, arms[0].name)
     return records
 
 
 def _answer(arm, prompt, max_tokens, request_id, repeat) -> Answer:
     answers = [arm.answer(prompt, max_tokens, request_id) for _ in range(repeat)]
-    speeds = sorted(a.tok_s for a in answers if a.tok_s is not None)
     first = answers[0]
-    first.tok_s = speeds[len(speeds) // 2] if speeds else None
+    if repeat > 1:
+        # The median run's speed and its trace, so the first-N ratio measures the same run.
+        timed = sorted((a for a in answers if a.tok_s is not None), key=lambda a: a.tok_s)
+        mid = timed[len(timed) // 2] if timed else None
+        first.tok_s = mid.tok_s if mid else None
+        first.trace = getattr(mid, "trace", None) if mid else getattr(first, "trace", None)
     return first
 
 

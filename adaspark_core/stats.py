@@ -5,7 +5,8 @@ A reply record is a plain dict, one per (arm, conversation, turn, reply)::
 
     {"arm": "adaspark", "source": "specbench", "conversation": "specbench/writing-0", "turn": 0,
      "reply": 0, "tok_s": 93.1 | None, "tokens": 120, "capped": False, "context": 812,
-     "same_text_as_baseline": True | False | None, "widths": {"1": 30, "8": 12}, "finish": "stop"}
+     "same_text_as_baseline": True | False | None, "widths": {"1": 30, "8": 12}, "finish": "stop",
+     "trace": [[3, 0.0], [5, 0.021], ...] | None}   # optional: see "first-N ratio" below
 
 Rules (paper §4.1 and Appendix A):
 
@@ -33,6 +34,31 @@ Rules (paper §4.1 and Appendix A):
   is sum(tokens) / sum(tokens / tok_s) over the arm's replies that are neither capped nor null.
 * Widths (Figure 8): an arm's ``widths`` (verified rows -> rounds) summed over its replies that
   did not reach the cap (a loop is left out of every statistic, §4.3), as shares of its rounds.
+
+The first-N ratio (all paired replies; not the paper's). On a slow machine most replies reach the
+cap, and the paper's rule leaves nearly all of them out; this ratio uses them, over a common length:
+
+* A record's ``trace`` lists its streamed deltas on the client clock: ``[tokens so far, seconds
+  since the first delta]``, cumulative, in order (the first entry is the first delta).
+* For a pair, N = min of the two replies' token counts (the traces' last counts), capped replies
+  included. In each arm take the FIRST delta whose count reaches N; its speed is (that count minus
+  the first delta's count) over (that delta's time minus the first delta's time): tokens after the
+  first delta, as ``tok_s``, over about N tokens in both arms. The ratio is arm speed / base speed.
+* A pair where either arm reaches N at its first delta, or in no time, has no interval: left out and
+  counted (``no_interval``); a pair where either record has no trace is left out and counted
+  (``untraced``). Geometric mean, conversation bootstrap and grouping are as for the paper's ratio.
+* The headline of a summary is the ratio that uses more replies over the baseline, summed over
+  arms (``first_n`` on ties, and normally: it includes what the other leaves out).
+
+``compare_first_n()`` result (``FirstN``)::
+
+    {"ratio": 1.23 | None, "lo": float | None, "hi": float | None,
+     "replies": int,        # pairs used
+     "conversations": int,  # conversations with a used pair
+     "paired": int,         # pairs found (used + no_interval + untraced)
+     "capped_used": int,    # used pairs in which either reply reached the cap
+     "no_interval": int, "untraced": int, "unpaired": int,
+     "mean_n": float | None}  # mean N over the used pairs
 
 ``compare()`` result (``Result``), JSON-ready (floats or None, ints)::
 
@@ -67,13 +93,24 @@ Rules (paper §4.1 and Appendix A):
          "arms": ["pld:2", ...],
          "best": "pld:3" | None,                  # best overall ratio over the baseline
          "best_over_baseline": Result | None,
-         "adaspark_over_best": None | {"overall": Result, "by_source": {source: Result}}}}
+         "adaspark_over_best": None | {"overall": Result, "by_source": {source: Result}}},
+     "best_fixed": None | {                      # adaspark over the best arm of fixed width
+         "arms": ["chain:3", "pld:3", ...],       # every fixed arm present: chain:N, pinned:N,
+                                                  # tree:N, pld:N, block-chain, llama:...
+         "best": "pinned:8" | None,               # best overall ratio over the baseline
+         "best_over_baseline": Result | None,
+         "adaspark_over_best": None | {"overall": Result, "by_source": {source: Result},
+                                       "by_band": {band: Result}}},
+     "first_n": {"vs_baseline": ..., "pinned": ..., "pld": ..., "best_fixed": ...},
+         # the same four parts on the first-N ratio, each Result a FirstN; best arms chosen on it
+     "headline": "first_n" | "uncapped"}         # which of the two the report leads with
 
     Hist = {"rounds": int, "replies": int, "capped_excluded": int,
             "counts": {"8": int, ...}, "share": {"8": float, ...}}   # keys in numeric order
 
 ``pinned`` needs the baseline and at least one ``pinned:*`` arm; ``pld`` the baseline and a
-``pld:*`` arm. Best-arm ties go to the earlier arm in ``arms``.
+``pld:*`` arm; ``best_fixed`` the baseline and a fixed arm. Best-arm ties go to the earlier arm in
+``arms``. ``adaspark_over_best`` needs an ``adaspark`` arm.
 """
 
 from __future__ import annotations
@@ -237,6 +274,94 @@ def compare(replies: list[dict], arm: str, base: str, resamples: int = 2000, see
 
 
 # ---------------------------------------------------------------------------------------------
+# The first-N ratio (every paired reply, over the common first N tokens)
+
+
+def _trace(r: dict) -> Optional[list]:
+    t = r.get("trace")
+    if not t:
+        return None
+    try:
+        pts = [(int(n), float(x)) for n, x in t]
+    except (TypeError, ValueError):
+        raise ValueError(f"trace must be [[tokens, seconds], ...], got {t!r:.60} in {_rid(r)} of {r['arm']!r}") from None
+    return pts
+
+
+def prefix_speed(trace: list, n: int) -> Optional[float]:
+    """Tokens per second from the first delta to the first delta whose cumulative count reaches
+    ``n`` (tokens after the first delta over the time between); None without such an interval."""
+    if not trace:
+        return None
+    n0, t0 = trace[0]
+    for tok, t in trace:
+        if tok >= n:
+            if tok <= n0 or not t > t0:  # reached at the first delta, or in no time
+                return None
+            return (tok - n0) / (t - t0)
+    return None
+
+
+def first_n_rows(replies: list[dict], arm: str, base: str) -> dict:
+    """The per-reply first-N ratios of ``arm`` over ``base``::
+
+        {"rows": [{"conversation", "turn", "reply", "source", "ratio", "n", "capped", "arm": record,
+                   "base": record}, ...],       # used pairs, in the arm's record order
+         "no_interval": int, "untraced": int, "unpaired": int, "paired": int}
+    """
+    pairs, unpaired = _pairs(replies, arm, base)
+    rows, no_interval, untraced = [], 0, 0
+    for ra, rb in pairs:
+        ta, tb = _trace(ra), _trace(rb)
+        if ta is None or tb is None:
+            untraced += 1
+            continue
+        n = min(ta[-1][0], tb[-1][0])
+        sa, sb = prefix_speed(ta, n), prefix_speed(tb, n)
+        if sa is None or sb is None:
+            no_interval += 1
+            continue
+        rows.append({"conversation": ra["conversation"], "turn": ra["turn"], "reply": ra["reply"],
+                     "source": ra.get("source"), "ratio": sa / sb, "n": n,
+                     "capped": bool(ra.get("capped") or rb.get("capped")), "arm": ra, "base": rb})
+    return {"rows": rows, "no_interval": no_interval, "untraced": untraced, "unpaired": unpaired,
+            "paired": len(pairs)}
+
+
+def _result_first_n(rows: list[dict], paired: int, no_interval: int, untraced: int, unpaired: int,
+                    resamples: int, seed: int) -> dict:
+    logs = [math.log(r["ratio"]) for r in rows]
+    convs = [r["conversation"] for r in rows]
+    point = float(math.exp(sum(logs) / len(logs))) if logs else None
+    lo, hi = bootstrap_geomean(convs, logs, resamples, seed)
+    return {"ratio": point, "lo": lo, "hi": hi, "replies": len(rows), "conversations": len(set(convs)),
+            "paired": paired, "capped_used": sum(1 for r in rows if r["capped"]),
+            "no_interval": no_interval, "untraced": untraced, "unpaired": unpaired,
+            "mean_n": sum(r["n"] for r in rows) / len(rows) if rows else None}
+
+
+def compare_first_n(replies: list[dict], arm: str, base: str, resamples: int = 2000, seed: int = 0,
+                    key: Optional[Callable[[dict], str]] = None) -> dict:
+    """``arm`` over ``base`` on the first-N ratio: a FirstN (module docstring) over all replies
+    pooled, or with ``key`` ``{group: FirstN}`` in order of first appearance, as ``compare``."""
+    fr = first_n_rows(replies, arm, base)
+    if key is None:
+        return _result_first_n(fr["rows"], fr["paired"], fr["no_interval"], fr["untraced"], fr["unpaired"],
+                               resamples, seed)
+    pairs, _ = _pairs(replies, arm, base)
+    groups: dict = {}
+    for ra, rb in pairs:
+        g = groups.setdefault(key(ra), {"rows": [], "paired": 0, "untraced": 0})
+        g["paired"] += 1
+        g["untraced"] += _trace(ra) is None or _trace(rb) is None
+    for row in fr["rows"]:
+        groups[key(row["arm"])]["rows"].append(row)
+    # A traced pair that is not a row had no interval.
+    return {k: _result_first_n(g["rows"], g["paired"], g["paired"] - len(g["rows"]) - g["untraced"], g["untraced"],
+                               0, resamples, seed) for k, g in groups.items()}
+
+
+# ---------------------------------------------------------------------------------------------
 # Per-arm quantities
 
 
@@ -289,8 +414,8 @@ def widths_histogram(replies: list[dict], arm: str, exclude_capped: bool = True)
 def mean_of_runs(replies: list[dict], first: str, second: str, into: str) -> list[dict]:
     """Records of a new arm ``into`` whose speed on a reply is the mean of two runs' (paper §3.4:
     AdaSpark runs twice). A reply is capped if it was in either run, null if either speed is null;
-    the other fields (text flag, context, widths...) are the first run's. Replies of one run only
-    are dropped."""
+    the other fields (text flag, context, widths, trace...) are the first run's. Replies of one run
+    only are dropped."""
     a, b = _index(replies, first), _index(replies, second)
     out = []
     for k, ra in a.items():
@@ -339,38 +464,63 @@ def summarize(replies: list[dict], arms: list[str], baseline: str = "ar", resamp
         speed[a] = {"overall": arm_speed(mine, a),
                     "by_source": {s: arm_speed([r for r in mine if r.get("source") == s], a) for s in sources}}
 
-    vs = {}
-    if baseline in arms:
-        for a in arms:
-            if a == baseline:
-                continue
-            vs[a] = {"overall": compare(replies, a, baseline, **kw),
-                     "by_source": _fill(compare(replies, a, baseline, key=by_source, **kw), sources),
-                     "by_band": _fill(compare(replies, a, baseline, key=band, **kw), BANDS)}
-
     widths = {}
     for a in arms:
         h = widths_histogram(replies, a)
         if h["overall"]["rounds"]:
             widths[a] = h
 
+    vs, pinned, pld, best_fixed = _comparisons(replies, arms, baseline, sources, band, compare, _empty, kw)
+    first_n = dict(zip(("vs_baseline", "pinned", "pld", "best_fixed"),
+                       _comparisons(replies, arms, baseline, sources, band, compare_first_n, _empty_first_n, kw)))
+    used = lambda v: sum(x["overall"]["replies"] for x in v.values())  # noqa: E731
+    headline = "first_n" if used(first_n["vs_baseline"]) >= used(vs) else "uncapped"
+
+    return {"baseline": baseline, "arms": arms, "sources": sources, "bands": list(BANDS), "band_by": band_by,
+            "resamples": resamples, "seed": seed, "looped": looped, "looped_any": looped_any, "speed": speed,
+            "vs_baseline": vs, "widths": widths, "pinned": pinned, "pld": pld, "best_fixed": best_fixed,
+            "first_n": first_n, "headline": headline}
+
+
+FIXED_PREFIXES = ("chain:", "pinned:", "tree:", "pld:", "llama:")
+FIXED_NAMES = ("block-chain",)
+
+
+def is_fixed_arm(arm: str) -> bool:
+    """An arm whose width does not learn (pinned:N learns its acceptance model, not its width):
+    the set the issue's target "adaspark over the best fixed arm" ranges over."""
+    return arm.startswith(FIXED_PREFIXES) or arm in FIXED_NAMES
+
+
+def _comparisons(replies: list[dict], arms: list[str], baseline: str, sources: list, band: Callable, fn: Callable,
+                 empty: Callable[[], dict], kw: dict) -> tuple:
+    """``(vs_baseline, pinned, pld, best_fixed)`` on one ratio: ``fn`` is ``compare`` or
+    ``compare_first_n``, ``empty`` its empty result; best arms are chosen on that ratio."""
+    vs = {}
+    if baseline in arms:
+        for a in arms:
+            if a == baseline:
+                continue
+            vs[a] = {"overall": fn(replies, a, baseline, **kw),
+                     "by_source": _fill(fn(replies, a, baseline, key=by_source, **kw), sources, empty),
+                     "by_band": _fill(fn(replies, a, baseline, key=band, **kw), BANDS, empty)}
+    has_ada = "adaspark" in arms
+
+    def one(arm, other, b=ALL):
+        if b == ALL:
+            return fn(replies, arm, other, **kw)
+        return fn(replies, arm, other, key=band, **kw).get(b) or empty()
+
     pinned = None
     pinned_arms = [a for a in arms if a.startswith("pinned:")]
     if baseline in arms and pinned_arms:
-        has_ada = "adaspark" in arms
         by = {}
         for b in (ALL,) + BANDS:
             over_base = {p: (vs[p]["overall"] if b == ALL else vs[p]["by_band"][b]) for p in pinned_arms}
             best = _best(over_base)
-
-            def one(arm, other, b=b):
-                if b == ALL:
-                    return compare(replies, arm, other, **kw)
-                return compare(replies, arm, other, key=band, **kw).get(b) or _empty()
-
             by[b] = {"best": best, "best_over_baseline": over_base[best] if best else None,
-                     "adaspark_over_best": one("adaspark", best) if (has_ada and best) else None,
-                     "over_adaspark": {p: one(p, "adaspark") for p in pinned_arms} if has_ada else {}}
+                     "adaspark_over_best": one("adaspark", best, b) if (has_ada and best) else None,
+                     "over_adaspark": {p: one(p, "adaspark", b) for p in pinned_arms} if has_ada else {}}
         pinned = {"arms": pinned_arms, "by_band": by}
 
     pld = None
@@ -378,15 +528,24 @@ def summarize(replies: list[dict], arms: list[str], baseline: str = "ar", resamp
     if baseline in arms and pld_arms:
         best = _best({p: vs[p]["overall"] for p in pld_arms})
         ada = None
-        if best and "adaspark" in arms:
-            ada = {"overall": compare(replies, "adaspark", best, **kw),
-                   "by_source": _fill(compare(replies, "adaspark", best, key=by_source, **kw), sources)}
+        if best and has_ada:
+            ada = {"overall": fn(replies, "adaspark", best, **kw),
+                   "by_source": _fill(fn(replies, "adaspark", best, key=by_source, **kw), sources, empty)}
         pld = {"arms": pld_arms, "best": best, "best_over_baseline": vs[best]["overall"] if best else None,
                "adaspark_over_best": ada}
 
-    return {"baseline": baseline, "arms": arms, "sources": sources, "bands": list(BANDS), "band_by": band_by,
-            "resamples": resamples, "seed": seed, "looped": looped, "looped_any": looped_any, "speed": speed,
-            "vs_baseline": vs, "widths": widths, "pinned": pinned, "pld": pld}
+    best_fixed = None
+    fixed_arms = [a for a in arms if a != baseline and is_fixed_arm(a)]
+    if baseline in arms and fixed_arms:
+        best = _best({a: vs[a]["overall"] for a in fixed_arms})
+        ada = None
+        if best and has_ada:
+            ada = {"overall": fn(replies, "adaspark", best, **kw),
+                   "by_source": _fill(fn(replies, "adaspark", best, key=by_source, **kw), sources, empty),
+                   "by_band": _fill(fn(replies, "adaspark", best, key=band, **kw), BANDS, empty)}
+        best_fixed = {"arms": fixed_arms, "best": best, "best_over_baseline": vs[best]["overall"] if best else None,
+                      "adaspark_over_best": ada}
+    return vs, pinned, pld, best_fixed
 
 
 def _empty() -> dict:
@@ -395,9 +554,14 @@ def _empty() -> dict:
             "first_turn_text_compared": 0}
 
 
-def _fill(groups: dict, keys: Iterable) -> dict:
-    """Every expected group present (an empty Result where an arm had no reply), in ``keys``'
+def _empty_first_n() -> dict:
+    return {"ratio": None, "lo": None, "hi": None, "replies": 0, "conversations": 0, "paired": 0, "capped_used": 0,
+            "no_interval": 0, "untraced": 0, "unpaired": 0, "mean_n": None}
+
+
+def _fill(groups: dict, keys: Iterable, empty: Callable[[], dict] = _empty) -> dict:
+    """Every expected group present (an empty result where an arm had no reply), in ``keys``'
     order; groups outside ``keys`` are kept after them."""
-    out = {k: groups.get(k) or _empty() for k in keys}
+    out = {k: groups.get(k) or empty() for k in keys}
     out.update({k: v for k, v in groups.items() if k not in out})
     return out

@@ -44,7 +44,8 @@ class FakeArm:
 
     def answer(self, prompt, max_tokens, request_id):
         self.prompts.append((request_id, list(prompt)))
-        text = '{"name": "f", "arguments": {}}' if self.call and request_id == "tools/0/0" else self.text
+        call = self.call and request_id.split(":")[-1] == "tools/0/0"  # warm ids are "warm<k>:..."
+        text = '{"name": "f", "arguments": {}}' if call else self.text
         return cmp.Answer([1] * 5, text, self.tok_s, "stop", {"1": 5})
 
 
@@ -89,6 +90,151 @@ def test_arms_are_parsed_and_ar_always_runs_first():
             cmp.make_arms(bad, None, None, lambda: object(), lambda t: False)
 
 
+class LearningFake(FakeArm):
+    """A fake arm with learners: the warm pass runs it."""
+
+    learners = "its own"
+
+
+def test_warm_passes_run_the_learning_arms_only_and_are_not_recorded():
+    convs = [conv("c0", "chat", 2), conv("tools", "tools", 1, result='{"price": 3}')]
+    cold = cmp.run(convs, [FakeArm("ar", "a"), LearningFake("x", "b", call=True)], chat_tokens, 10_000, 8)
+    ar, x, y = FakeArm("ar", "a"), LearningFake("x", "b", call=True), FakeArm("chain:3", "c")
+    steps = []
+    recs = cmp.run(convs, [ar, x, y], chat_tokens, 10_000, 8, progress=lambda: steps.append(1), warm=2)
+    assert len(steps) == cmp.steps(convs, [ar, x, y], warm=2) == 3 * 3 + 2 * 3 * 1
+    # x answered the workload (4 replies: the tool turn calls) twice untimed, then measured
+    ids = [i for i, _ in x.prompts]
+    assert ids[:8] == [f"warm{k}:{r}" for k in (1, 2) for r in ("c0/0/0", "c0/1/0", "tools/0/0", "tools/0/1")]
+    assert ids[8:] == ["c0/0/0", "c0/1/0", "tools/0/0", "tools/0/1"]
+    assert [i for i, _ in ar.prompts] == ["c0/0/0", "c0/1/0", "tools/0/0"] and len(y.prompts) == 3
+    # only the measured pass is recorded, exactly as a cold run's records
+    key = lambda r: (r["arm"], r["conversation"], r["turn"], r["reply"])  # noqa: E731
+    assert sorted(map(key, (r for r in recs if r["arm"] != "chain:3"))) == sorted(map(key, cold))
+    # the warm pass gives each arm its own history as the measured pass does
+    assert x.prompts[1][1] == x.prompts[9][1]
+
+
+def test_scheduler_arms_trace_their_deltas_and_log_each_arm(tmp_path):
+    from adaspark_core.learned import Learners
+    from adaspark_core.record import read_log
+    from adaspark_core.replay import replay
+    from adaspark_core.scheduler import parse_arm
+    from adaspark_core.stats import summarize
+
+    from test_replay import CostlyTarget, canonical, markov
+
+    def arms():
+        target = CostlyTarget(markov, eog=0)  # never ends a reply: every reply reaches the cap
+        return [cmp.SchedulerArm(parse_arm(a), target, learners=Learners() if parse_arm(a).learns else None)
+                for a in ("ar", "adaspark", "chain:3")]
+
+    convs = [conv("c0", "chat", 2), conv("c1", "chat", 1)]
+    logs = tmp_path / "logs"
+    warm_arms = arms()
+    recs = cmp.run(convs, warm_arms, chat_tokens, 10_000, 24, warm=1, log_dir=logs)
+    assert all(r["capped"] and r["tokens"] == 24 for r in recs)
+    for r in recs:
+        tr = r["trace"]
+        assert tr[0][1] == 0.0 and tr[-1][0] == r["tokens"]
+        assert all(b[0] > a[0] and b[1] >= a[1] for a, b in zip(tr, tr[1:]))
+        assert len(tr) <= sum(r["widths"].values())  # at most one delta per round
+    assert all(len(r["trace"]) == 24 for r in recs if r["arm"] == "ar")  # ar: a token per round
+    s = summarize(recs, ["ar", "adaspark", "chain:3"], resamples=100)
+    assert s["headline"] == "first_n" and s["vs_baseline"]["adaspark"]["overall"]["ratio"] is None
+    f = s["first_n"]["vs_baseline"]["adaspark"]["overall"]
+    assert f["replies"] + f["no_interval"] == f["paired"] == 3 and f["untraced"] == 0
+
+    assert sorted(p.name for p in logs.iterdir()) == ["adaspark.jsonl", "ar.jsonl", "chain_3.jsonl",
+                                                      "warm-adaspark.jsonl"]
+    measured, warm = list(read_log(logs / "adaspark.jsonl")), list(read_log(logs / "warm-adaspark.jsonl"))
+    assert {r.request for r in measured} == {"c0/0/0", "c0/1/0", "c1/0/0"} and {r.arm for r in measured} == {"adaspark"}
+    assert {r.request for r in warm} == {"warm1:c0/0/0", "warm1:c0/1/0", "warm1:c1/0/0"}
+    assert {r.request for r in read_log(logs / "chain_3.jsonl")} == {"c0/0/0", "c0/1/0", "c1/0/0"}
+    # the learners went on from the warm pass: replaying both logs in order reproduces them
+    replayed, _ = replay([*warm, *measured])
+    assert canonical(replayed.state()) == canonical(warm_arms[1].learners.state())
+    assert all(a.log is None for a in warm_arms)
+
+    # A cold run into the same folder starts every log afresh; its log replays on its own.
+    cold_arms = arms()
+    cmp.run(convs, cold_arms, chat_tokens, 10_000, 24, log_dir=logs)
+    measured = list(read_log(logs / "adaspark.jsonl"))
+    assert {r.request for r in measured} == {"c0/0/0", "c0/1/0", "c1/0/0"}
+    replayed, _ = replay(measured)
+    assert canonical(replayed.state()) == canonical(cold_arms[1].learners.state())
+
+
+def test_prompt_lookup_arm_traces_every_token():
+    class FakeLlama:
+        draft_model = None
+
+        def generate(self, prompt, **kw):
+            yield from (7, 8, 9, 0, 5)
+
+        def n_ctx(self):
+            return 100
+
+        def detokenize(self, tokens):
+            return b"x" * len(tokens)
+
+    ticks = iter([10.0, 10.5, 10.75])
+    arm = cmp.PromptLookupArm(3, FakeLlama(), is_eog=lambda t: t == 0)
+    ans = arm.answer([1, 2], 10, "r", clock=lambda: next(ticks))
+    assert ans.finish == "stop" and ans.trace == [[1, 0.0], [2, 0.5], [3, 0.75]]
+    assert ans.tok_s == pytest.approx(2 / 0.75)
+    assert cmp.Answer([1], "x", None, "stop").trace is None  # arms without a trace still work
+
+
+@pytest.mark.parametrize("max_tokens", [16, 1])
+def test_compare_command_on_a_fake_engine_never_crashes(tmp_path, monkeypatch, max_tokens):
+    """The whole command, in process, on the fake target (every reply reaches the cap): with 16
+    tokens only the first-N ratio exists; with 1 token (single-delta replies) no ratio does, and the
+    figure is skipped with one line instead of an exception."""
+    from typer.testing import CliRunner
+
+    import adaspark_cli.main as main
+    from test_replay import CostlyTarget, markov
+
+    monkeypatch.setenv("ADASPARK_HOME", str(tmp_path / "home"))
+    model = tmp_path / "fake.gguf"
+    model.write_bytes(b"GGUF fake")
+
+    class FakeModel:
+        path = model
+        is_eog = staticmethod(lambda t: t == 0)
+        chat_prompt = staticmethod(chat_tokens)
+
+    monkeypatch.setattr(main, "load_engine", lambda *a, **k: (FakeModel(), CostlyTarget(markov, n_ctx=4096), None))
+    sets = tmp_path / "tiny.json"
+    sets.write_bytes(orjson.dumps({"set": "tiny", "subset": "all", "conversations": [
+        {"name": f"tiny/c{i}", "kind": "chat", "turns": [{"kind": "chat", "type": "first", "text": f"Say {i}."},
+                                                       {"kind": "chat", "type": "continued", "text": "Again."}]}
+        for i in range(3)]}))
+    out = tmp_path / "out"
+    (out / "ratios.png").parent.mkdir()
+    (out / "ratios.png").write_bytes(b"an older run's figure")
+    res = CliRunner().invoke(main.app, ["compare", "--sets", str(sets), "--subset", "all", "--arms",
+                                        "ar,chain:3,pinned:4,adaspark", "--max-tokens", str(max_tokens),
+                                        "--resamples", "100", "--warm", "1", "--out", str(out),
+                                        "--logs", str(out / "logs")])
+    assert res.exit_code == 0, res.output
+    assert "learning arms from a warm store (1 untimed pass first)" in res.stdout
+    doc = orjson.loads((out / "compare.json").read_bytes())
+    assert doc["settings"]["warm"] == 1 and len(doc["replies"]) == 4 * 6
+    assert all(r["capped"] for r in doc["replies"])
+    s = doc["summary"]
+    assert s["vs_baseline"]["adaspark"]["overall"]["ratio"] is None       # the paper's rule: nothing left
+    assert (out / "logs" / "warm-adaspark.jsonl").is_file() and (out / "logs" / "chain_3.jsonl").is_file()
+    if max_tokens > 1:
+        assert s["headline"] == "first_n" and s["first_n"]["vs_baseline"]["adaspark"]["overall"]["replies"] == 6
+        assert "all paired replies, first N tokens" in res.stdout
+        assert (out / "ratios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert s["first_n"]["vs_baseline"]["adaspark"]["overall"]["no_interval"] == 6
+        assert "no ratio to plot" in res.stderr and not (out / "ratios.png").exists()
+
+
 @pytest.mark.model
 def test_compare_runs_every_kind_of_arm_and_writes_its_results(tmp_path):
     sets = tmp_path / "tiny.json"
@@ -103,7 +249,7 @@ def test_compare_runs_every_kind_of_arm_and_writes_its_results(tmp_path):
     out = tmp_path / "out"
     res = adaspark("compare", "--sets", sets, "--sets", PROMPTS / "rewrite.txt", "--subset", "all",
                    "--arms", "ar,pld:3,chain:3,tree:8,cost,adaspark,pinned:4", "--max-tokens", 24,
-                   "--resamples", 200, "--out", out, "--json")
+                   "--resamples", 200, "--out", out, "--json", "--warm", 1, "--logs", out / "logs")
     assert res.returncode == 0, res.stderr
     summary = orjson.loads(res.stdout)
     arms = ["ar", "pld:3", "chain:3", "tree:8", "cost", "adaspark", "pinned:4"]
@@ -118,7 +264,16 @@ def test_compare_runs_every_kind_of_arm_and_writes_its_results(tmp_path):
     assert summary["pld"]["best"] == "pld:3" and summary["pinned"]["arms"] == ["pinned:4"]
     doc = orjson.loads((out / "compare.json").read_bytes())
     assert doc["model"]["sha256"] and doc["machine"]["cpus"] >= 1 and doc["packages"]["llama-cpp-python"]
-    assert doc["arms"] == arms and doc["settings"]["max_tokens"] == 24
+    assert doc["arms"] == arms and doc["settings"]["max_tokens"] == 24 and doc["settings"]["warm"] == 1
+    assert all(r["trace"][-1][0] == r["tokens"] for r in doc["replies"] if r["tokens"])
+    assert summary["headline"] in ("first_n", "uncapped") and summary["first_n"]["vs_baseline"]["adaspark"]
+    logs = out / "logs"
+    assert {p.name for p in logs.iterdir()} == {"ar.jsonl", "chain_3.jsonl", "tree_8.jsonl", "cost.jsonl",
+                                                 "adaspark.jsonl", "pinned_4.jsonl", "warm-cost.jsonl",
+                                                 "warm-adaspark.jsonl", "warm-pinned_4.jsonl"}
+    both = tmp_path / "both.jsonl"  # a warm run replays from its warm log on
+    both.write_bytes((logs / "warm-adaspark.jsonl").read_bytes() + (logs / "adaspark.jsonl").read_bytes())
+    assert adaspark("replay", both).returncode == 0
     assert len(doc["replies"]) == 4 * len(arms)
     assert {r["arm"] for r in doc["replies"] if r["widths"]} == set(arms) - {"pld:3"}
     assert (out / "ratios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -133,3 +288,4 @@ def test_compare_bad_input(tmp_path):
     bad.write_text("{}")
     assert_one_error_line(adaspark("compare", "--sets", bad), "not a conversation set")
     assert_one_error_line(adaspark("compare", "--subset", "most"), "unknown subset")
+    assert_one_error_line(adaspark("compare", "--logs", bad, "--subset", "short"), "is a file")

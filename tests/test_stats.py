@@ -257,7 +257,8 @@ def test_summarize_shape_and_counts():
                   resamples=100)
     json.dumps(s, allow_nan=False)
     assert set(s) == {"baseline", "arms", "sources", "bands", "band_by", "resamples", "seed", "looped", "looped_any",
-                      "speed", "vs_baseline", "widths", "pinned", "pld"}
+                      "speed", "vs_baseline", "widths", "pinned", "pld", "best_fixed", "first_n", "headline"}
+    assert s["headline"] == "uncapped"  # no record has a trace: the paper's ratio is all there is
     assert s["arms"] == ["ar", "chain:3", "adaspark", "pinned:8", "pinned:16", "pld:2", "pld:4"]  # tree:16 absent
     assert s["sources"] == ["specbench", "longbench", "toolace"]
     assert s["bands"] == ["<2048", ">=2048"]
@@ -309,3 +310,194 @@ def test_tables_render_the_numbers(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Without the optional parts, still renders.
     assert "Pinned" not in tables(summarize(workload(["ar", "adaspark"]), ["ar", "adaspark"], resamples=20))
+
+
+# --- the first-N ratio (every paired reply, capped included) ----------------------------------------------
+
+
+def steady(tokens, tok_s, first=1, step=1):
+    """A trace of a reply streamed at a steady ``tok_s`` after a first delta of ``first`` tokens,
+    ``step`` tokens per later delta, up to ``tokens``."""
+    out, n = [[first, 0.0]], first
+    while n < tokens:
+        n = min(tokens, n + step)
+        out.append([n, (n - first) / tok_s])
+    return out
+
+
+def traced(arm, conv, trace, turn=0, reply=0, capped=False, context=500, **kw):
+    """A record with its delta trace; ``tok_s`` over the whole trace, as the runner's."""
+    n = trace[-1][0] if trace else 0
+    span = trace[-1][1] - trace[0][1] if trace else 0
+    tok_s = (n - trace[0][0]) / span if trace and span > 0 else None
+    r = rec(arm, conv, tok_s, turn, reply, tokens=n, capped=capped, context=context, **kw)
+    r["trace"] = trace
+    return r
+
+
+def tpair(conv, ratio, tokens_a=96, tokens_b=96, turn=0, base_speed=10.0, capped=True, **kw):
+    """Arm "a" at ``ratio`` times "b"'s steady speed; both capped by default."""
+    return [traced("a", conv, steady(tokens_a, base_speed * ratio), turn, capped=capped, **kw),
+            traced("b", conv, steady(tokens_b, base_speed), turn, capped=capped, **kw)]
+
+
+def test_prefix_speed_takes_the_first_delta_that_reaches_n():
+    tr = [[2, 0.0], [4, 0.1], [6, 0.2], [9, 0.3], [12, 0.4]]
+    assert stats.prefix_speed(tr, 6) == pytest.approx(4 / 0.2)
+    assert stats.prefix_speed(tr, 7) == pytest.approx(7 / 0.3)   # overshoot: that delta's own count
+    assert stats.prefix_speed(tr, 2) is None                     # reached at the first delta
+    assert stats.prefix_speed(tr, 13) is None                    # never reached
+    assert stats.prefix_speed([[1, 0.0], [5, 0.0]], 5) is None   # no time
+    assert stats.prefix_speed([], 5) is None
+
+
+def test_first_n_ratio_uses_capped_replies_over_the_shorter_reply():
+    # a: first delta 2 tokens, then 2 per 0.1 s, capped at 8; b: 1 per 0.1 s, stops at 6. N = 6:
+    # a reaches 6 at 0.2 s -> 4/0.2 = 20 tok/s; b reaches 6 at 0.5 s -> 5/0.5 = 10 tok/s.
+    rs = [traced("a", "s/x", [[2, 0.0], [4, 0.1], [6, 0.2], [8, 0.3]], capped=True),
+          traced("b", "s/x", [[1, 0.0], [2, 0.1], [3, 0.2], [4, 0.3], [5, 0.4], [6, 0.5]])]
+    fr = stats.first_n_rows(rs, "a", "b")
+    assert [(r["n"], r["capped"]) for r in fr["rows"]] == [(6, True)]
+    assert fr["rows"][0]["ratio"] == pytest.approx(2.0)
+    assert compare(rs, "a", "b")["ratio"] is None               # the paper's rule leaves it out
+    r = stats.compare_first_n(rs, "a", "b", resamples=50)
+    assert r["ratio"] == pytest.approx(2.0) and r["replies"] == 1 and r["capped_used"] == 1 and r["mean_n"] == 6
+
+
+def test_first_n_ratio_counts_what_it_leaves_out():
+    rs = tpair("s/x", 3.0) + tpair("s/y", 1.5, tokens_a=40, turn=1, capped=False)
+    rs += [traced("a", "s/z", [[5, 0.0]]), traced("b", "s/z", steady(50, 10.0))]        # single delta
+    rs += [traced("a", "s/w", steady(20, 20.0)), traced("b", "s/w", [[30, 0.0], [31, 0.1]])]  # N=20 at b's 1st
+    rs += [rec("a", "s/v", 20.0), traced("b", "s/v", steady(50, 10.0))]                   # untraced
+    rs += [traced("a", "s/u", steady(50, 10.0))]                                           # unpaired
+    r = stats.compare_first_n(rs, "a", "b", resamples=100)
+    assert r["ratio"] == pytest.approx(math.sqrt(3.0 * 1.5))
+    assert (r["replies"], r["paired"], r["no_interval"], r["untraced"], r["unpaired"]) == (2, 5, 2, 1, 1)
+    assert r["conversations"] == 2 and r["capped_used"] == 1 and r["mean_n"] == pytest.approx((96 + 40) / 2)
+    g = stats.compare_first_n(rs, "a", "b", resamples=100, key=stats.by_source)
+    assert g["s"]["replies"] == 2 and g["s"]["no_interval"] == 2 and g["s"]["untraced"] == 1
+    bad = {**rec("a", "s/x", None), "trace": [[1, "x", 3]]}
+    with pytest.raises(ValueError):
+        stats.first_n_rows([bad, traced("b", "s/x", [[1, 0.0]])], "a", "b")
+
+
+def brute_force_first_n(rs, resamples, seed):
+    by_conv = {}
+    for r in stats.first_n_rows(rs, "a", "b")["rows"]:
+        by_conv.setdefault(r["conversation"], []).append(r["ratio"])
+    convs = sorted(by_conv)
+    idx = np.random.default_rng(seed).integers(0, len(convs), size=(resamples, len(convs)))
+    vals = [math.exp(math.fsum(math.log(x) for i in row for x in by_conv[convs[i]]) /
+                     sum(len(by_conv[convs[i]]) for i in row)) for row in idx]
+    return tuple(np.percentile(vals, [2.5, 97.5]))
+
+
+def test_first_n_bootstrap_resamples_conversations():
+    rng = np.random.default_rng(5)
+    rs = []
+    for t in range(12):
+        rs += tpair("s/big", float(rng.uniform(1.5, 2.5)), turn=t)
+    for c in range(5):
+        rs += tpair(f"s/small{c}", float(rng.uniform(0.8, 1.2)), tokens_a=30 + c, capped=False)
+    r = stats.compare_first_n(rs, "a", "b", resamples=400, seed=3)
+    lo, hi = brute_force_first_n(rs, 400, 3)
+    assert r["lo"] == pytest.approx(lo, rel=1e-9) and r["hi"] == pytest.approx(hi, rel=1e-9)
+    assert r["conversations"] == 6 and r["replies"] == 17
+    # conversation A: 10 replies at 2, B: 1 at 1 -> exactly [1, 2], as for the paper's ratio
+    rs = [x for t in range(10) for x in tpair("s/A", 2.0, turn=t)] + tpair("s/B", 1.0)
+    r = stats.compare_first_n(rs, "a", "b", resamples=2000)
+    assert r["ratio"] == pytest.approx(2 ** (10 / 11)) and (r["lo"], r["hi"]) == pytest.approx((1.0, 2.0))
+
+
+CAPPED_SPEEDS = {"ar": 10.0, "chain:3": 14.0, "pinned:4": 18.0, "pld:3": 12.0, "cost": 15.0, "adaspark": 20.0}
+
+
+def all_capped(speeds=CAPPED_SPEEDS, tokens=96):
+    """Every reply of every arm hits the cap, as on a 2-core CPU."""
+    rs = []
+    for src in ("specbench", "longbench"):
+        for c in range(3):
+            for t, ctx in enumerate((600, 4000)):
+                for arm, v in speeds.items():
+                    rs.append(traced(arm, f"{src}/c{c}", steady(tokens, v * (1.1 if src == "longbench" else 1.0)),
+                                     turn=t, capped=True, context=ctx, same=None if arm == "ar" else True,
+                                     widths={"4": 8} if arm == "adaspark" else {}))
+    return rs
+
+
+def test_summary_of_capped_replies_leads_with_the_first_n_ratio():
+    s = summarize(all_capped(), list(CAPPED_SPEEDS), resamples=100, band_by="midpoint")
+    json.dumps(s, allow_nan=False)
+    assert s["headline"] == "first_n"
+    for a in CAPPED_SPEEDS:
+        if a == "ar":
+            continue
+        assert s["vs_baseline"][a]["overall"]["ratio"] is None and s["vs_baseline"][a]["overall"]["capped"] == 12
+        f = s["first_n"]["vs_baseline"][a]
+        assert f["overall"]["ratio"] == pytest.approx(CAPPED_SPEEDS[a] / 10.0) and f["overall"]["replies"] == 12
+        assert f["by_source"]["longbench"]["replies"] == 6 and f["by_band"][">=2048"]["replies"] == 6
+    fn = s["first_n"]
+    assert fn["pinned"]["by_band"]["all"]["best"] == "pinned:4"
+    assert fn["pinned"]["by_band"]["all"]["adaspark_over_best"]["ratio"] == pytest.approx(20 / 18)
+    assert fn["pld"]["best"] == "pld:3"
+    assert fn["pld"]["adaspark_over_best"]["overall"]["ratio"] == pytest.approx(20 / 12)
+    # The paper's parts keep their shape, with nothing in them.
+    assert s["pinned"]["by_band"]["all"]["best"] is None and s["pld"]["adaspark_over_best"] is None
+
+
+def test_best_fixed_arm_ranges_over_every_fixed_arm():
+    speeds = {**CAPPED_SPEEDS, "tree:16": 19.0, "llama:server": 21.0, "block-chain": 9.0}
+    s = summarize(all_capped(speeds), list(speeds), resamples=200)
+    bf = s["first_n"]["best_fixed"]
+    assert bf["arms"] == ["chain:3", "pinned:4", "pld:3", "tree:16", "llama:server", "block-chain"]  # not cost
+    assert bf["best"] == "llama:server"
+    assert bf["best_over_baseline"]["ratio"] == pytest.approx(2.1)
+    ada = bf["adaspark_over_best"]
+    assert ada["overall"]["ratio"] == pytest.approx(20 / 21) and ada["overall"]["lo"] <= ada["overall"]["hi"]
+    assert set(ada) == {"overall", "by_source", "by_band"} and ada["by_band"]["<2048"]["replies"] == 6
+    # Without adaspark there is a best arm but nothing over it; with no fixed arm there is no part.
+    s = summarize(all_capped({"ar": 10.0, "chain:3": 12.0}), ["ar", "chain:3"], resamples=50)
+    assert s["first_n"]["best_fixed"]["best"] == "chain:3" and s["first_n"]["best_fixed"]["adaspark_over_best"] is None
+    s = summarize(all_capped({"ar": 10.0, "adaspark": 12.0, "cost": 9.0}), ["ar", "adaspark", "cost"], resamples=50)
+    assert s["best_fixed"] is None and s["first_n"]["best_fixed"] is None
+    # The paper's ratio picks its own best (here on uncapped replies of the workload above).
+    s = summarize(workload(), list(SPEEDS), resamples=50)
+    assert s["best_fixed"]["arms"] == ["pinned:8", "pinned:16", "pld:2", "pld:4", "chain:3"]
+    assert s["best_fixed"]["best"] in ("pinned:8", "pinned:16")   # both sqrt(6) over ar, to rounding
+    assert s["best_fixed"]["adaspark_over_best"]["overall"]["replies"] == 12
+
+
+def test_report_of_all_capped_replies_shows_the_first_n_ratio(tmp_path):
+    from adaspark_cli.compare_report import figure, tables
+
+    s = summarize(all_capped(), list(CAPPED_SPEEDS), resamples=100)
+    text = tables(s)
+    assert "all paired replies, first N tokens" in text and "uncapped replies only (paper)" in text
+    assert "2.00x" in text and "Best fixed arm" in text and "1.11x" in text   # adaspark / pinned:4
+    assert figure(s, tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_without_any_usable_reply_has_dashes_and_no_figure(tmp_path):
+    from adaspark_cli.compare_report import figure, tables
+
+    # Every reply a single delta: no ratio of either kind anywhere.
+    rs = [traced(a, f"s/c{c}", [[7, 0.0]], capped=True) for c in range(2) for a in CAPPED_SPEEDS]
+    s = summarize(rs, list(CAPPED_SPEEDS), resamples=100)
+    json.dumps(s, allow_nan=False)
+    text = tables(s)
+    assert "-" in text and "x [" not in text
+    assert figure(s, tmp_path / "f.png") is None and not (tmp_path / "f.png").exists()
+    # One arm without a usable reply next to others that have one: a dash in its column only.
+    rs = all_capped({"ar": 10.0, "adaspark": 20.0})
+    rs += [traced("chain:3", r["conversation"], [[96, 0.0]], turn=r["turn"], capped=True) for r in rs if r["arm"] == "ar"]
+    s = summarize(rs, ["ar", "chain:3", "adaspark"], resamples=100)
+    assert s["first_n"]["vs_baseline"]["chain:3"]["overall"]["ratio"] is None
+    assert s["first_n"]["best_fixed"]["best"] is None and s["first_n"]["best_fixed"]["adaspark_over_best"] is None
+    text = tables(s)
+    assert "2.00x" in text
+    assert figure(s, tmp_path / "g.png").exists()
+    # No baseline at all, or an empty run: still no exception.
+    assert figure(summarize(rs, ["chain:3", "adaspark"], resamples=100), tmp_path / "h.png") is None
+    empty = summarize([], ["ar", "adaspark"], resamples=100)
+    assert tables(empty).strip() == "" or "-" in tables(empty)
+    assert figure(empty, tmp_path / "i.png") is None
