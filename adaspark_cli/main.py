@@ -137,35 +137,53 @@ def decode(
 
 @app.command()
 def replay(
-    log: Path = typer.Argument(..., help="A round log written by --log (JSON lines)."),
+    logs: list[Path] = typer.Argument(..., help="Round logs written by --log (JSON lines), replayed in the order given (e.g. a compare run's warm-adaspark.jsonl, then adaspark.jsonl)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
     no_check: bool = typer.Option(False, "--no-check", help="Go on where replay and the log disagree."),
+    regret: bool = typer.Option(False, "--regret", help="Add the hindsight account: what every width would have accepted and cost, the best single width, the per-round oracle, and the loss split by cause."),
+    costs: Optional[list[Path]] = typer.Option(None, "--costs", help="More round logs (e.g. the other arms of the same bench) whose measured verify times price the widths; repeat it."),
 ) -> None:
     """Drive fresh learners through a logged run and report how they predicted: acceptance log
     loss per request (paper Table 2), calibration of S (Figure 10) and what the n-gram fill added
-    (Table 7). Only rounds of learning arms (adaspark, pinned:N, cost) are replayed."""
+    (Table 7). Only rounds of learning arms (adaspark, pinned:N, cost) are replayed. With
+    --regret, every arm of the log (fixed arms too) gets the hindsight account."""
     from adaspark_core.record import read_log
     from adaspark_core.replay import ReplayMismatch
     from adaspark_core.replay import replay as run_replay
 
-    if not log.is_file():
-        fail(f"round log not found: {log}")
+    for p in [*logs, *(costs or [])]:
+        if not p.is_file():
+            fail(f"round log not found: {p}")
+    log = logs[-1]
     with reported():
         try:
-            _, rep = run_replay(read_log(log), check=not no_check)
+            records = [r for p in logs for r in read_log(p)]
+            _, rep = run_replay(records, check=not no_check)
+            cost_records = [r for p in costs or [] for r in read_log(p)]
         except ReplayMismatch as e:
             raise InputError(f"{log}: {e} (is the log from another version? --no-check goes on)") from None
         except ValueError as e:
             raise InputError(str(e)) from None
-        if not rep.requests:
+        if not rep.requests and not regret:
             raise InputError(f"{log}: no rounds of a learning arm (adaspark, pinned:N, cost) to replay")
-        report = rep.to_json()
+        report = rep.to_json() if rep.requests else {}
+        if regret:
+            from adaspark_core.regret import CostTable, account
+
+            table = CostTable(records + cost_records)
+            arms: dict[str, list] = {}
+            for r in records:
+                arms.setdefault(r.arm, []).append(r)
+            report["regret"] = [account(rs, table, rep.model_choices).to_json() for rs in arms.values()]
         if as_json:
             sys.stdout.write(orjson.dumps(report).decode() + "\n")
         else:
-            from adaspark_cli.report import replay_tables
+            from adaspark_cli.report import regret_tables, replay_tables
 
-            sys.stdout.write(replay_tables(report))
+            if rep.requests:
+                sys.stdout.write(replay_tables(report))
+            if regret:
+                sys.stdout.write(regret_tables(report["regret"]))
 
 
 def load_engine(model: Optional[Path], n_ctx: Optional[int], threads: Optional[int], drafter: str,
@@ -214,10 +232,14 @@ def stream(gen, piece, to=None, on_text=None, stop=None) -> str:
         if text and on_text is not None:
             on_text(text)
 
-    for emitted in gen:
-        out(utf8.decode(b"".join(piece(t) for t in emitted)))
-        if stop is not None and stop():
-            break
+    rounds = iter(gen)
+    try:
+        for emitted in rounds:
+            out(utf8.decode(b"".join(piece(t) for t in emitted)))
+            if stop is not None and stop():
+                break
+    finally:
+        rounds.close()  # the reply's last round learns when its generator ends (scheduler.Generation)
     out(utf8.decode(b"", final=True))
     return "".join(parts)
 

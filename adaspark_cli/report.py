@@ -53,3 +53,55 @@ def replay_tables(r: dict) -> str:
         ["rounds that explored an n-gram bucket", ng["explored_rounds"]],
     ], tablefmt="plain", disable_numparse=True))
     return "\n".join(out) + "\n"
+
+
+_CAUSES = [("cold_start", "cold start (measuring rounds)"), ("exploration", "exploration"),
+           ("holding", "holding (hysteresis margin)"), ("acceptance", "acceptance mispricing"),
+           ("cost", "cost mispricing"), ("adaptivity", "adaptivity (per-round choice, a gain)")]
+
+
+def regret_tables(accounts: list[dict]) -> str:
+    """``adaspark replay --regret``: one hindsight account per arm of the log."""
+    out = []
+    for a in accounts:
+        out.append(f"\nHindsight account of {a['arm']}: {a['rounds']} rounds, {a['tokens']} tokens, "
+                   f"{a['wall_ms'] / 1e3:.2f} s (verify {a['verify_ms'] / 1e3:.2f} s)")
+        if a["best_width"] is None:
+            out.append("no width has 3 measured verifies in the logs given: nothing to price (add --costs)")
+            continue
+        rates = [
+            ["realised (measured wall time)", _f(a["realised_rate"], ".1f"), ""],
+            ["realised, verify priced by the cost table", _f(a["modelled_rate"], ".1f"), "1.000"],
+            [f"best single width in hindsight ({a['best_width']} rows)", _f(a["best_width_rate"], ".1f"),
+             _f(_inv(a["realised_over_best"]), ".3f")],
+            ["per-round oracle", _f(a["oracle_rate"], ".1f"), _f(_inv(a["realised_over_oracle"]), ".3f")],
+        ]
+        out.append(tabulate(rates, ["", "tok/s", "over realised (priced)"], disable_numparse=True))
+        out.append(f"realised / oracle = {_f(a['realised_over_oracle'], '.3f')}, realised / best width = "
+                   f"{_f(a['realised_over_best'], '.3f')}, best width / oracle = {_f(a['best_over_oracle'], '.3f')}")
+        loss = a["loss_ms"]
+        rows = [[label, _f(loss.get(k), ".0f"), _pct(a["loss_share"].get(k))] for k, label in _CAUSES]
+        rows.append(["total (time beyond the best width's rate)", _f(a["loss_total_ms"], ".0f"),
+                     _pct(a["loss_total_ms"] / a["wall_ms"] if a["wall_ms"] else None)])
+        out.append("\nLoss to the best single width, by cause (ms at its rate; share of the run's time)")
+        out.append(tabulate(rows, ["cause", "ms", "share"], disable_numparse=True))
+        host = a["host_ms"]
+        rows = [[k, _f(v, ".0f"), _f(v / a["rounds"], ".3f"), _pct(v / a["wall_ms"] if a["wall_ms"] else None)]
+                for k, v in host.items()]
+        out.append("\nHost time (outside the verify; every arm pays it, so it is beside the loss, not in it)")
+        out.append(tabulate(rows, ["part", "ms", "ms/round", "share"], disable_numparse=True))
+        out.append(f"median per round outside llama_decode, rounds of up to 16 rows: {_f(a['host_median_ms'], '.3f')} ms")
+        ws = sorted({int(w) for w in a["width_rates"]} | {int(w) for w in a["realised_widths"]}
+                    | {int(w) for w in a["oracle_widths"]})
+        rows = [[w, _f(a["width_rates"].get(str(w)), ".1f"), a["realised_widths"].get(str(w), 0),
+                 a["oracle_widths"].get(str(w), 0)] for w in ws]
+        out.append("\nEvery width: tok/s had every round run it, and the rounds realised and in the oracle at it")
+        out.append(tabulate(rows, ["width", "tok/s fixed", "rounds realised", "rounds oracle"], disable_numparse=True))
+        if a["unpriced_rounds"] or a["hindsight_mismatch"]:
+            out.append(f"left out: {a['unpriced_rounds']} rounds with no measured cost; "
+                       f"{a['hindsight_mismatch']} rounds accepted other than width invariance predicts (near ties)")
+    return "\n".join(out) + "\n"
+
+
+def _inv(x):
+    return None if not x else 1.0 / x

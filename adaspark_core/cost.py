@@ -210,6 +210,10 @@ class CostModel:
                 return w
         return None
 
+    def unmeasured(self) -> list[int]:
+        """Every width with fewer than 3 measurements, narrowest first."""
+        return [w for w in self.widths if self.classes[w].count < self.p.measurements]
+
     def class_price(self, w: int, c: int) -> float:
         """Eq. 5: law(c) x level x D_now / D_k, for a measured class, in ms."""
         k = self.classes[w]
@@ -287,7 +291,13 @@ class CostModel:
         """Split the class nearest the held width for which ``passes(a, b)`` says a width inside
         (a, b) could beat the incumbent; at the width next to the held one when the class's top
         costs over 25% more than its bottom, else at the midpoint. Returns the new width."""
-        if len(self.classes) >= self.p.max_widths or self.measuring() is not None:
+        if len(self.classes) >= self.p.max_widths:
+            return None
+        # One split at a time: none while a width inside the measured range waits for its
+        # measurements (a ladder width wider than anything measured, which the sources may never
+        # fill, does not hold splits back).
+        measured = [w for w in self.widths if self.classes[w].count >= self.p.measurements]
+        if any(w < max(measured, default=0) for w in self.unmeasured()):
             return None
         ws = self.widths
         pairs = [(a, b) for a, b in zip(ws, ws[1:]) if b - a >= 2]

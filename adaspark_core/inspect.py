@@ -30,10 +30,11 @@ from .store import SCHEMA, Store, fingerprint_key
 CONTEXTS = (443, 1596, 8444)  # the paper's Table 1 contexts
 FIT_POINTS = 64  # grid of the affine fit over [min, max] of the contexts
 
-COEFFICIENTS = ("a0", "a1", "a2", "a3", "a4", "a5", "a6", "ctx", *(f"depth{d}" for d in range(2, 9)))
+COEFFICIENTS = ("a0", "a1", "a2", "a3", "a4", "a5", "a6", "a7", "ctx", *(f"depth{d}" for d in range(2, 9)))
 COEFFICIENT_MEANING = {
     "a0": "pick intercept", "a1": "pick logit h", "a2": "pick logit share",
     "a3": "sibling intercept", "a4": "sibling log r", "a5": "sibling logit h", "a6": "sibling logit sigma",
+    "a7": "n-gram logit p_src",
     "ctx": "context, ln(c / 1024)", **{f"depth{d}": f"depth {d}" + (" and deeper" if d == 8 else "") for d in range(2, 9)},
 }
 BUCKET_KINDS = {"ng": "n-gram bucket", "ngk": "n-gram kind/evidence margin", "nga": "n-gram kind/above margin",

@@ -64,6 +64,9 @@ class Report:
     ngram_rounds: int = 0
     widened: int = 0
     explored: int = 0
+    # (request, round) -> the chooser's own argmax without the margin, on its state before the
+    # round (adaptive rounds it priced): what the regret account's "holding" is measured against.
+    model_choices: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         """Every quantity of the report as plain JSON."""
@@ -170,6 +173,10 @@ def replay(records: Iterable[RoundRecord], learners: Learners | None = None,
         chooser_before = copy.copy(policy.chooser)  # choose() rebinds its two fields only
         d_ms = policy.cost.d_now()
         width = rec.width
+        if arm.adaptive and cands and rec.prices is not None and rec.measure is None:
+            sd, sn = source_sums(cands, rec.order)
+            vals, _ = policy.chooser.scores(dict(zip(rec.offered, rec.prices)), sd, sn, d_ms, rec.context)
+            report.model_choices[(rec.request, rec.round)] = max(vals, key=vals.__getitem__)
         if arm.adaptive:
             max_rows = max(rec.offered) if rec.offered else 1
             dec = policy.decide(cands, rec.order, rec.context, d_ms, max_rows)

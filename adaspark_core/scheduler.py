@@ -313,6 +313,8 @@ class Generation:
         self.finish: str | None = None
         self.last_record: RoundRecord | None = None
         self.stats = Stats()
+        self._t_start = 0.0  # the first round's start, the zero of the records' ``start``
+        self._unsettled: RoundRecord | None = None  # the last round, until it has learned
 
     def __iter__(self) -> Iterator[list[int]]:
         target = self.target
@@ -324,13 +326,20 @@ class Generation:
         if self.acceptance is not None:
             self.acceptance.start_request()
         rnd = 0
-        while self.finish is None:
-            # A round never commits past the context (see the depth limit in _round), and the
-            # prompt leaves room for one token, so room() >= 1 here.
-            emitted = self._round(rnd, target.room())
-            rnd += 1
-            self.stats.delta(len(emitted), self.clock())
-            yield emitted
+        try:
+            while self.finish is None:
+                # A round never commits past the context (see the depth limit in _round), and the
+                # prompt leaves room for one token, so room() >= 1 here.
+                emitted = self._round(rnd, target.room())
+                rnd += 1
+                self.stats.delta(len(emitted), self.clock())
+                yield emitted
+        finally:
+            # Also when the consumer stops iterating after the last round (the generator is
+            # closed): every round of the reply is learned from and logged, in order.
+            if self._unsettled is not None:
+                rec, self._unsettled = self._unsettled, None
+                self._learn_and_log(rec)
 
     @property
     def last_width(self) -> int:
@@ -339,6 +348,8 @@ class Generation:
     def _round(self, rnd: int, room: int) -> list[int]:
         target, arm, st = self.target, self.arm, self.stats
         t0 = self.clock()
+        if rnd == 0:
+            self._t_start = t0
         anchor = target.anchor
         context = target.n_past + 1  # committed tokens, the anchor included
         depth_limit = min(arm.max_width - 1, room - 1)
@@ -398,19 +409,32 @@ class Generation:
             bonus=bonus,
             emitted=emitted,
             times=Timing(draft=draft_ms, verify=ver.verify_ms, commit=commit_ms,
-                         host=ver.host_ms + commit_ms, decode=ver.decode_ms),
+                         host=ver.host_ms + commit_ms, decode=ver.decode_ms,
+                         start=(t0 - self._t_start) * 1e3),
             first=rnd == 0,
             last=finish is not None,
             finish=finish,
         )
+        self.last_record = rec
+        if finish is None:
+            self._learn_and_log(rec)
+        else:
+            # The reply's last round learns after its tokens are out (see __iter__): its learning
+            # ends the request with the cost model's refits, which the client need not wait for.
+            self._unsettled = rec
+        return emitted
+
+    def _learn_and_log(self, rec: RoundRecord) -> None:
+        if self.arm.learns:
+            t0 = self.clock()
+            if self.policy is not None:
+                self.policy.learn(rec)
+            if self.acceptance is not None:
+                self.acceptance.learn(rec)
+            # No learner reads this field: it is filled after they learned, for the log's reader.
+            rec.times.learn = (self.clock() - t0) * 1e3
         if self.log is not None:
             self.log.write(rec)
-        if self.policy is not None and arm.learns:
-            self.policy.learn(rec)
-        if self.acceptance is not None and arm.learns:
-            self.acceptance.learn(rec)
-        self.last_record = rec
-        return emitted
 
 
 def run(target: Target, prompt: list[int], arm: Arm, max_tokens: int, **kw) -> Generation:

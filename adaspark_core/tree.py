@@ -187,6 +187,24 @@ def layout(anchor_token: int, cands: list[Candidate], chosen: list[int]) -> Layo
     return Layout(cand_of_row, tokens, parent_row, depth, children, seq_lo, seq_hi, n_leaves)
 
 
+def hindsight_path(cands: list[dict], continuation: list[int]) -> list[int]:
+    """The candidates, from the anchor down, whose tokens follow ``continuation`` (the tokens the
+    target committed after the round's anchor, in this round and later ones): under greedy
+    decoding, the path a verify of every candidate, placed or not, would have accepted."""
+    kids: dict[tuple[int, int], int] = {}
+    for j, c in enumerate(cands):
+        kids.setdefault((c["parent"], c["token"]), j)
+    path: list[int] = []
+    parent = ANCHOR
+    for t in continuation:
+        j = kids.get((parent, t))
+        if j is None:
+            break
+        path.append(j)
+        parent = j
+    return path
+
+
 def accept_walk(lay: Layout, argmax: list[int]) -> tuple[list[int], int]:
     """Greedy acceptance: from the anchor, follow the child whose token is the target's argmax at
     its parent's row. Returns (accepted candidate rows, anchor excluded; the bonus token, i.e. the

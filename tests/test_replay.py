@@ -29,7 +29,7 @@ class CostlyTarget(FakeTarget):
 
     def verify(self, lay):
         v = super().verify(lay)
-        v.verify_ms = v.decode_ms = 1.0 + 0.6 * lay.width
+        v.verify_ms = v.decode_ms = 1.0 + 3.0 * lay.width
         return v
 
 

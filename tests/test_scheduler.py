@@ -121,3 +121,26 @@ def test_a_schema_1_line_upgrades_with_the_acceptance_fields_unset(tmp_path):
     d["schema"] = 1
     rec = RoundRecord.from_json(d)
     assert rec.schema == SCHEMA and rec.p_src is None and rec.priced is None and rec.explored is False
+
+
+def test_the_last_round_learns_after_its_tokens_are_out(tmp_path):
+    """The reply's last round ends the request (the cost model's refits): it learns and is logged
+    after the generation has yielded it, so the client clock does not wait for it, and it is
+    learned even when the consumer stops right after the last tokens."""
+    from adaspark_core.learned import Learners
+    from adaspark_core.scheduler import Generation
+
+    learners = Learners()
+    path = tmp_path / "rounds.jsonl"
+    with RoundLog(path) as log:
+        gen = Generation(FakeTarget(cyclic([1, 2, 3, 4, 5, 6])), [1, 2, 3, 4, 5, 6, 1, 2], parse_arm("pinned:4"), 12,
+                         learners=learners, log=log)
+        seen = []
+        for _ in gen:
+            seen.append((gen.finish, learners.policy.cost.rounds))
+            if gen.finish is not None:
+                break  # a consumer that stops at once; the generator is closed below
+        rounds_at_last_yield = seen[-1][1]
+        assert gen.finish == "length" and rounds_at_last_yield == len(seen) - 1  # not learned yet
+        del gen  # closing the generator settles the last round
+    assert learners.policy.cost.rounds == len(seen) == len(list(read_log(path)))

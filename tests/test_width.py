@@ -171,3 +171,50 @@ def test_a_level_measured_in_one_context_band_does_not_price_another():
     at_1600 = min(max(min(k.level[band_of(1600)]), lo), hi)
     assert cost.class_price(4, 1650) == pytest.approx(k.law.value(1650) * at_1600)
     assert cost.class_price(4, 600) == pytest.approx(k.law.value(600))  # no level measured in that band
+
+
+def chain_cands(qs):
+    """A chain of n-gram candidates from the anchor with the given q (tokens 100, 101, ...)."""
+    return [{"token": 100 + i, "parent": i - 1, "q": q, "source": "ngram", "depth": i + 1} for i, q in enumerate(qs)]
+
+
+def test_a_width_is_measured_only_where_the_round_could_use_it():
+    """Cold start spends no verify on a width the round's candidates cannot fill, or that could
+    not win even at the price of the widest measured narrower width."""
+    policy = AdaptiveWidth()
+    for _ in range(3):
+        for w, ms in ((1, 10.0), (2, 17.0)):
+            policy.cost.learn(measured(w, ms))
+    weak = chain_cands([0.05] * 7)
+    dec = policy.decide(weak, list(range(7)), 500, 2.0, 64)
+    assert dec.measure is None and dec.width in (1, 2)  # 4 rows of junk could not pay even at 2's price
+    strong = chain_cands([0.95] * 7)
+    dec = policy.decide(strong, list(range(7)), 500, 2.0, 64)
+    assert dec.measure == 4 and dec.width == 4  # the narrowest unmeasured width that could win
+    short = chain_cands([0.95] * 2)  # fills 3 rows: width 4 cannot be measured on it
+    assert policy.decide(short, [0, 1], 500, 2.0, 64).measure is None
+
+
+def test_every_round_with_candidates_teaches_the_gains_in_hindsight():
+    """A round verified at one row still says, once the next tokens are committed, what every
+    prefix of its order would have accepted: both pairs of gains learn from it."""
+    from adaspark_core.chooser import Chooser
+
+    ch = Chooser()
+    cands = chain_cands([0.5] * 12)
+    base = dict(request="r", arm="adaspark", anchor=0, offered=[1, 2, 4, 8, 16], prices=None, width=1,
+                rows=[-1], argmax=[0], path=[], emitted=[], times=Timing(2.0, 5.0, 0.0, 0.0, 5.0))
+    # Round 0 verifies nothing but the anchor; its bonus and the next rounds commit 100..109.
+    first = RoundRecord(round=0, context=500, candidates=cands, order=list(range(12)), bonus=100,
+                        first=True, **base)
+    ch.learn(first, first.offered)
+    assert all(g.n == 0 for g in ch.gains.values())  # its continuation is not known yet
+    for r, tok in enumerate(range(101, 115), start=1):
+        ch.learn(RoundRecord(round=r, context=500 + r, candidates=[], order=[], bonus=tok, last=tok == 114,
+                             **base), [1])
+    assert ch.gains["n_lo"].n == 1 and ch.gains["n_hi"].n == 1
+    # The continuation 100..114 accepts the whole chain: the 5 nodes past the first 7 (the rows
+    # above n0 = 8, up to the widest offered width, 16) were all accepted against a small S.
+    sd, sn = source_sums(cands, list(range(12)))
+    predicted = sn[12] - sn[7]
+    assert ch.gains["n_hi"].sxy[0] == pytest.approx(predicted * 5) and ch.gains["n_hi"].sxx[0] == pytest.approx(predicted ** 2)
