@@ -79,10 +79,11 @@ bench-peer: setup peer
 bench-warm: setup
 	$(BIN)/adaspark compare --arms $(BENCH_ARMS) --subset eval --max-tokens 96 --warm 1 --out bench-out-warm --logs bench-out-warm/logs
 
-# For iterating: the first two turns of each source's first conversation (about 11 replies per arm,
-# 5 arms), 64-token cap; a few minutes on 2 cores.
+# For iterating: the first turn of every conversation of the evaluation subset (40 replies per arm),
+# 96-token cap, the arms that decide the issue's question; about 8 minutes on 2 cores. (The `short`
+# subset, 10 replies, ran in under 3 minutes but its ratios did not track `make bench`'s.)
 bench-quick: setup
-	$(BIN)/adaspark compare --arms ar,pld:3,chain:3,pinned:4,adaspark --subset short --max-tokens 64 --out bench-out-quick --logs bench-out-quick/logs
+	$(BIN)/adaspark compare --arms ar,chain:3,pinned:4,adaspark --subset eval --max-turns 1 --max-tokens 96 --out bench-out-quick --logs bench-out-quick/logs
 
 # llama.cpp's own llama-server, built from the llama.cpp that the llama-cpp-python sdist vendors (the
 # commit our engine runs), for the `llama:SPEC` peer arms of `adaspark compare` (adaspark_core/peer.py).

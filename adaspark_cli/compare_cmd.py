@@ -22,6 +22,7 @@ def compare(
     arms: str = typer.Option(DEFAULT_ARMS, "--arms", help="Comma-separated: ar, pld:N, chain:N, block-chain, tree:N, cost, adaspark, pinned:N (ar always runs: it is the baseline); llama.cpp's own llama-server (make peer): llama:ar, llama:SPEC or llama:SPEC:N:M, SPEC one of ngram-simple, ngram-map-k, ngram-map-k4v (N: --spec-ngram-*-size-n, the n-gram looked up; M: --spec-ngram-*-size-m, the most draft tokens), ngram-mod (N: --spec-ngram-mod-n-match; M: --spec-ngram-mod-n-max) or ngram-cache (no sizes)."),
     sets: Optional[List[Path]] = typer.Option(None, "--sets", help="A folder of conversation sets, set files (.json) or prompt files (one turn each); repeat it. Default: ../shared/testset."),
     subset: str = typer.Option("eval", "--subset", help="eval (the paper's evaluation subset rule), short (first two turns of each source's first conversation) or all."),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1, help="Keep only the first K turns of every conversation (K=1: first turns only, a quick workload that still spans every conversation)."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Reply cap; capped replies count in the first-N ratio and are left out of the paper's."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Decode every reply K times and keep the median speed."),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for compare.json (every reply, the summary, machine, model hash, versions) and ratios.png."),
@@ -46,7 +47,7 @@ def compare(
     with reported():
         if subset not in cmp.SUBSETS:
             raise InputError(f"unknown subset {subset!r}: use {', '.join(cmp.SUBSETS)}")
-        convs = load_workload(sets, subset)
+        convs = load_workload(sets, subset, max_turns)
         if logs is not None and logs.exists() and not logs.is_dir():
             raise InputError(f"--logs wants a folder: {logs} is a file")
         lm, target, the_drafter = load_engine(model, n_ctx, threads, drafter, block, top_k)
@@ -90,9 +91,9 @@ def compare(
             sys.stdout.write(tables(summary))
 
 
-def load_workload(sets: Optional[List[Path]], which: str):
+def load_workload(sets: Optional[List[Path]], which: str, max_turns: Optional[int] = None):
     """Conversations of the given folders, set files and prompt files (default: ../shared/testset),
-    each source cut to the subset."""
+    each source cut to the subset, each conversation to its first ``max_turns`` turns."""
     from adaspark_core import testset
     from adaspark_core.compare import prompt_conversation, subset
     from adaspark_core.errors import InputError
@@ -122,6 +123,10 @@ def load_workload(sets: Optional[List[Path]], which: str):
                 convs.append(prompt_conversation(f, text))
     if not convs:
         raise InputError("the workload is empty")
+    if max_turns is not None:
+        from adaspark_core.testset import Conversation
+
+        convs = [Conversation(c.set, c.name, c.kind, c.turns[:max_turns], c.tools) for c in convs]
     return convs
 
 

@@ -289,3 +289,14 @@ def test_compare_bad_input(tmp_path):
     assert_one_error_line(adaspark("compare", "--sets", bad), "not a conversation set")
     assert_one_error_line(adaspark("compare", "--subset", "most"), "unknown subset")
     assert_one_error_line(adaspark("compare", "--logs", bad, "--subset", "short"), "is a file")
+
+
+def test_max_turns_keeps_the_first_turns_of_every_conversation(tmp_path):
+    from adaspark_cli.compare_cmd import load_workload
+    from adaspark_core import testset
+
+    full = load_workload([testset.default_dir()], "eval")
+    first = load_workload([testset.default_dir()], "eval", max_turns=1)
+    assert [c.name for c in first] == [c.name for c in full]
+    assert all(len(c.turns) == 1 and c.turns[0] == f.turns[0] for c, f in zip(first, full))
+    assert sum(len(c.turns) for c in full) > len(first)
