@@ -244,7 +244,7 @@ def stream(gen, piece, to=None, on_text=None, stop=None) -> str:
     return "".join(parts)
 
 
-from adaspark_cli.compare_cmd import compare  # noqa: E402  (they use the helpers above)
+from adaspark_cli.compare_cmd import compare, simulate  # noqa: E402  (they use the helpers above)
 from adaspark_cli.profile_cmd import profile  # noqa: E402
 from adaspark_cli.serve import serve_stdin  # noqa: E402
 from adaspark_cli.store_cmd import inspect_store, store_app  # noqa: E402
@@ -252,6 +252,7 @@ from adaspark_cli.store_cmd import inspect_store, store_app  # noqa: E402
 app.command("serve-stdin")(serve_stdin)
 app.command("profile")(profile)
 app.command("compare")(compare)
+app.command("simulate")(simulate)
 app.add_typer(store_app, name="store")
 app.command("inspect-store")(inspect_store)
 

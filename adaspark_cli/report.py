@@ -50,7 +50,6 @@ def replay_tables(r: dict) -> str:
         ["acceptance rate, n-gram-only nodes", _pct(rate["ngram"])],
         ["rounds with n-gram candidates", ng["rounds_with_ngram"]],
         ["of those, rounds the n-gram widened the verify", _pct(ng["widened_share"])],
-        ["rounds that explored an n-gram bucket", ng["explored_rounds"]],
     ], tablefmt="plain", disable_numparse=True))
     return "\n".join(out) + "\n"
 

@@ -108,11 +108,11 @@ def inspect_store(
     model: Optional[Path] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
     drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the whole summary as one JSON object (every bucket weight)."),
-    context: Optional[List[int]] = typer.Option(None, "--context", "-c", min=1, help="A context (tokens) to price the laws and gains at; repeat it (default: 443, 1596 and 8444, the paper's Table 1). The affine fit spans the smallest to the largest."),
+    context: Optional[List[int]] = typer.Option(None, "--context", "-c", min=1, help="A context (tokens) to price the laws at; repeat it (default: 443, 1596 and 8444, the paper's Table 1). The affine fit spans the smallest to the largest."),
     top: int = typer.Option(12, "--top", min=0, help="How many bucket weights the table lists (largest |weight| first)."),
 ) -> None:
     """Show what a store has learned: widths and their classes, each class's context law priced
-    as in the paper's Table 1 with its affine fit, levels, the fixed cost D, band rates, gains,
+    as in the paper's Table 1 with its affine fit, levels, the fixed cost D, band rates,
     acceptance coefficients and bucket weights, counts, and the fingerprint it is keyed by."""
     from adaspark_core.inspect import CONTEXTS, summarize
     from adaspark_core.learned import Learners
@@ -279,10 +279,6 @@ def _band(b: dict) -> str:
     return f"{b['band']} ({lo:,}-{hi:,})"
 
 
-GAIN_MEANING = {"d_hi": "drafter rows above n0", "n_hi": "n-gram rows above n0",
-                "d_lo": "drafter rows below n0", "n_lo": "n-gram rows below n0"}
-
-
 def _table(rows: list, head: list, left: int = 1) -> str:
     """A table whose first ``left`` columns are text (left-aligned) and the rest numbers (right)."""
     return tabulate(rows, head, disable_numparse=True, colalign=("left",) * left + ("right",) * (len(head) - left))
@@ -357,11 +353,6 @@ def render(s: dict, top: int = 12) -> str:
              "yes" if b["in_use"] else "no"] for b in ch["bands"]]
     out.append(_table(rows, ["band (contexts)", "rounds", "rho (tok/ms)", "rho (tok/s)", "in use"])
                if rows else "(none yet)")
-
-    out.append(f"\nGains (realised over predicted marginal tokens, g(c) = a + b c/8192, n0 = {ch['n0']})")
-    rows = [[name, GAIN_MEANING.get(name, ""), g["observations"], _f(g["a"], ".3f"), _f(g["b"], ".3f"),
-             *[_f(g["at"][str(c)], ".3f") for c in ctxs]] for name, g in ch["gains"].items()]
-    out.append(_table(rows, ["gain", "rows", "observations", "a", "b", *[f"g({_ctx(c)})" for c in ctxs]], left=2))
 
     a = s["acceptance"]
     gd = a["guard"]

@@ -25,7 +25,9 @@ ln 2 + logit h, sibling log r, everything else 0: with the siblings' r summing t
 pick at exactly h) and moves by FTRL-Proximal on its deviation from the prior, gated at 3 sigma
 (online.GatedFTRL: the paper's 3 sqrt(m), measured in the gradients' own scale).
 The request intercept b_req adapts by AdaGrad and restarts with each request. After each round
-every candidate of every accepted parent is labelled, placed or not.
+every candidate of every accepted parent is labelled, placed or not, and, once the committed text
+reaches past the verify, every candidate below a parent on the path the target's own continuation
+took (hindsight labels, see ``learn``).
 
 The head-based estimate is the drafter's own: a pick's confidence head h, a sibling's share of the
 top-K softmax mass r (1 - sigma), an n-gram node's source precision p_src, all shifted by a
@@ -33,8 +35,8 @@ per-request logit offset (AdaGrad). A guard scores each round's labels under bot
 either learns from them; the fitted model prices the tree only while its decayed log loss per
 labelled node is the lower.
 
-Exploration: every 16th tree round that has n-gram candidates, the last row goes to the n-gram
-frontier node of the bucket with the fewest labels, so a bucket priced too low gets corrected.
+The paper's exploration (a row every 16th tree round for the least-labelled n-gram bucket) is
+replaced by the hindsight labels, which reach every node exploration could label, at no verify cost.
 
 Everything reads the candidates as the round record's dicts (``Candidate.to_dict()``), so a live
 run and its replay from the log run the same code on the same inputs.
@@ -48,7 +50,7 @@ from dataclasses import dataclass
 
 from .ngram import evidence_bin
 from .online import AdaGradScalar, Decayed, GatedFTRL
-from .tree import ANCHOR, NGRAM, PICK, SIBLING
+from .tree import ANCHOR, NGRAM, PICK, SIBLING, hindsight_path
 
 FITTED, HEAD = "fitted", "head"
 
@@ -91,7 +93,6 @@ class AcceptParams:
     offset_rate: float = 0.15
     offset_band: float = 2.0
     guard_half_life: float = 256.0  # labelled parents
-    explore_every: int = 16  # tree rounds with n-gram candidates
     # psi = w ln(c / unit): zero at 1,024 tokens, so the intercepts hold the level there and the
     # context term only the change per e-fold of context (an uncentred, always-positive feature
     # would share the intercepts' direction and absorb part of their shift).
@@ -178,8 +179,9 @@ class Pricing:
     fitted: list[float]
     head: list[float]
     priced: str  # FITTED or HEAD
-    feats: list[tuple[float, dict, dict]]
     kids: dict[int, list[int]]
+    ctx: float  # the round's context feature and logit p_src, for the features of labelled nodes
+    lp: float
 
     @property
     def q(self) -> list[float]:
@@ -211,14 +213,19 @@ class AcceptanceModel:
         # Decayed summed node losses over labelled parents; y counts the labelled nodes.
         self.guard_head = Decayed(p.guard_half_life)
         self.guard_fitted = Decayed(p.guard_half_life)
-        self.explore_count = 0  # tree rounds with n-gram candidates
         self.requests = 0
         self._last: tuple[list[dict], Pricing] | None = None
+        # Rounds of the current request waiting for their continuation (hindsight labels), and the
+        # tokens committed since the oldest of them. Not stored: a request ends before a save.
+        self._pending: list[tuple] = []
+        self._committed: list[int] = []
 
     # --- per request ---
 
     def start_request(self) -> None:
-        """The intercept and the offset restart with each request; the coefficients persist."""
+        """The intercept and the offset restart with each request; the coefficients persist.
+        A request that stopped before its last round learns what its text labelled first."""
+        self._resolve(everything=True)
         self.intercept.reset()
         self.offset.reset()
         self.requests += 1
@@ -239,15 +246,21 @@ class AcceptanceModel:
         wc, wb = self.coef.weight, self.buckets.weight
         ctx, lp = math.log(max(context, 1) / self.p.context_unit), logit(p_src)
         lg = functools.lru_cache(maxsize=None)(logit)  # one block's siblings share h and sigma
-        feats = [features(c, ctx, lp, lg) for c in cands]
-        scores = []
-        for fixed, coef, buckets in feats:
-            s = fixed + b_req
-            for k, x in coef:
-                s += wc(k) * x
-            for k, x in buckets:
-                s += wb(k) * x
-            scores.append(min(max(s, -_S_CLIP), _S_CLIP))
+        # An n-gram node's score and head estimate depend on its bucket alone within a round, and
+        # a round's deep chain shares a few buckets: each is scored once (host time per round).
+        by_bucket: dict[str, float] = {}
+        head_ng = head_q({"source": NGRAM}, p_src, off)
+        scores, head = [], []
+        for c in cands:
+            if c["source"] == NGRAM:
+                s = by_bucket.get(c["bucket"])
+                if s is None:
+                    s = by_bucket[c["bucket"]] = self._score(features(c, ctx, lp, lg), b_req, wc, wb)
+                scores.append(s)
+                head.append(head_ng)
+            else:
+                scores.append(self._score(features(c, ctx, lp, lg), b_req, wc, wb))
+                head.append(head_q(c, p_src, off))
         kids = children_of(cands)
         fitted = [0.0] * len(cands)
         for group in kids.values():
@@ -255,61 +268,93 @@ class AcceptanceModel:
             denom = 1.0 + sum(e)
             for j, ej in zip(group, e):
                 fitted[j] = ej / denom
-        head = [head_q(c, p_src, off) for c in cands]
-        pricing = Pricing(fitted, head, FITTED if self.fitted_prices else HEAD, feats, kids)
+        pricing = Pricing(fitted, head, FITTED if self.fitted_prices else HEAD, kids, ctx, lp)
         self._last = (cands, pricing)
         return pricing
 
-    # --- exploration ---
-
-    def explore(self, cands: list[dict], order: list[int], width: int) -> list[int] | None:
-        """The candidates to verify when this round explores, else None.
-
-        Counts tree rounds (two rows or more) with n-gram candidates; on every ``explore_every``-th
-        the last row of the best-first prefix goes to a frontier n-gram node (its parent in the
-        tree without that row, itself outside the prefix) of the bucket with the fewest labels
-        (ties to the better-ranked node): a bucket priced too low is never placed by best-first
-        order, so the nodes below it would never be labelled."""
-        if width < 2 or not any(c["source"] == NGRAM for c in cands):
-            return None
-        self.explore_count += 1
-        if self.explore_count % self.p.explore_every:
-            return None
-        chosen = order[: width - 2]  # the prefix without its last node is still a tree
-        placed = set(chosen)
-        best = None
-        for rank, j in enumerate(order[width - 1 :], start=width - 1):
-            c = cands[j]
-            if c["source"] != NGRAM or not (c["parent"] == ANCHOR or c["parent"] in placed):
-                continue
-            key = (self.buckets.m.get("ng:" + c["bucket"], 0), rank)
-            if best is None or key < best[0]:
-                best = (key, j)
-        if best is None:
-            return None  # no n-gram node outside the tree hangs from it
-        return chosen + [best[1]]
+    @staticmethod
+    def _score(feat, b_req: float, wc, wb) -> float:
+        fixed, coef, buckets = feat
+        s = fixed + b_req
+        for k, x in coef:
+            s += wc(k) * x
+        for k, x in buckets:
+            s += wb(k) * x
+        return min(max(s, -_S_CLIP), _S_CLIP)
 
     # --- learning ---
 
     def learn(self, rec) -> RoundScore:
-        """Guard, then learn from every candidate of every accepted parent. Returns the round's
-        labels scored under both models before either learned."""
+        """Guard, then learn from every candidate of every accepted parent; later, in hindsight,
+        from the candidates below the parents the committed text reached beyond the verify.
+        Returns the round's verified labels scored under both models before either learned.
+
+        Beyond the paper, which labels only the children of verified accepted parents, a round
+        waits until the tokens committed after its anchor cover its deepest candidate, or its
+        request ends: under greedy decoding they are the target's own
+        continuation, so they label the children of every node on the path a verify of every
+        candidate would have accepted (``tree.hindsight_path``, width invariance, paper 3.5). A
+        chain verified three deep then also teaches its nodes 4 to 32 deep, which a CPU verifies
+        rarely: before, those buckets learned only from the wide rounds their own price allowed
+        (on a 96-token-capped bench log the deep copy nodes were accepted 0.97-0.98 of the time
+        and priced at 0.90, which halves the expected length of a 20-node copy). The paper's
+        exploration, a row every 16th round for the least-labelled bucket's frontier node, existed
+        to label nodes whose parents were never verified; hindsight labels every such node whose
+        parent was on the true path at no verify cost, so it is gone. Delayed labels are scored
+        and learned with the q of their round's start, as the verified ones are, but they leave
+        the request's intercept and offset alone: they come in bursts of correlated nodes from
+        one passage, long after the rounds they speak of (on trace simulations of the bench
+        workload, letting them move the intercept cost 2%)."""
         cands = rec.candidates
         score = RoundScore()
-        if not cands:
-            return score
-        if self._last is not None and self._last[0] is cands:
-            pricing = self._last[1]
-        else:
-            pricing = self.price(cands, rec.context, rec.p_src if rec.p_src is not None else 0.5)
-        self._last = None
-        row_of = {j: r for r, j in enumerate(rec.rows)}  # the anchor's row is ANCHOR -> 0
+        if self._pending and self._pending[0][0].request != rec.request:
+            self._resolve(everything=True)  # a request that ended without its last round
+        if cands:
+            if self._last is not None and self._last[0] is cands:
+                pricing = self._last[1]
+            else:
+                pricing = self.price(cands, rec.context, rec.p_src if rec.p_src is not None else 0.5)
+            self._last = None
+            row_of = {j: r for r, j in enumerate(rec.rows)}  # the anchor's row is ANCHOR -> 0
+            labelled = [(parent, rec.argmax[row_of[parent]]) for parent in [ANCHOR, *rec.path]]
+            self._label(cands, pricing, labelled, score)
+            depth = max(c["depth"] for c in cands)
+            if depth > len(rec.path) + 1:  # nodes below the verified labels: wait for the text
+                self._pending.append((rec, pricing, len(self._committed)))
+        if self._pending:
+            self._committed += [cands[j]["token"] for j in rec.path] + [rec.bonus]
+        self._resolve(everything=rec.last)
+        return score
+
+    def _resolve(self, everything: bool) -> None:
+        """Learn the hindsight labels of the waiting rounds whose continuation is known (all of
+        them when the request ends), oldest first."""
+        done = 0
+        for rec, pricing, start in self._pending:
+            cont = self._committed[start:]
+            cands = rec.candidates
+            if len(cont) < max(c["depth"] for c in cands) and not everything:
+                break
+            done += 1
+            path = hindsight_path(cands, cont)
+            # The children of path[i] are labelled by cont[i + 1]; those of the verified path
+            # (and of its last node, by the bonus) already learned in learn().
+            self._label(cands, pricing, [(path[i], cont[i + 1]) for i in range(len(rec.path), len(path))
+                                  if i + 1 < len(cont)], RoundScore(), per_request=False)
+        del self._pending[:done]
+        if not self._pending:
+            self._committed = []
+
+    def _label(self, cands: list[dict], pricing: Pricing, labelled: list[tuple[int, int]], score: RoundScore,
+               per_request: bool = True) -> None:
+        """Score (guard) and learn the children of each ``(parent, token the target chose after
+        it)``: every label is scored before any of them is learned (the guard's rule), then one
+        FTRL step per labelled parent, from the q of the round's start."""
         steps = []
-        for parent in [ANCHOR, *rec.path]:
+        for parent, truth in labelled:
             group = pricing.kids.get(parent)
             if not group:
                 continue
-            truth = rec.argmax[row_of[parent]]
             labels = [cands[j]["token"] == truth for j in group]
             lf = sum(node_loss(pricing.fitted[j], y) for j, y in zip(group, labels))
             lh = sum(node_loss(pricing.head[j], y) for j, y in zip(group, labels))
@@ -319,8 +364,6 @@ class AcceptanceModel:
             score.fitted_loss += lf
             score.head_loss += lh
             steps.append((group, labels))
-        # Learn only after every label of the round was scored (the guard's rule), from the q of
-        # the round's start: one FTRL step per labelled parent.
         for group, labels in steps:
             g_coef: dict[str, float] = {}
             g_bucket: dict[str, float] = {}
@@ -329,23 +372,23 @@ class AcceptanceModel:
                 g = pricing.fitted[j] - y  # d(-log softmax)/ds_j
                 g_req += g
                 g_off += pricing.head[j] - y  # d(node log loss)/d(logit offset)
-                _, coef, buckets = pricing.feats[j]
+                _, coef, buckets = features(cands[j], pricing.ctx, pricing.lp)
                 for k, x in coef:
                     g_coef[k] = g_coef.get(k, 0.0) + g * x
                 for k, x in buckets:
                     g_bucket[k] = g_bucket.get(k, 0.0) + g * x
             self.coef.update(g_coef)
             self.buckets.update(g_bucket)
-            self.intercept.update(g_req)
-            self.offset.update(g_off)
-        return score
+            if per_request:
+                self.intercept.update(g_req)
+                self.offset.update(g_off)
 
     # --- persistence (the intercept and offset are per request and not stored) ---
 
     def state(self) -> dict:
         return {"coef": self.coef.state(), "buckets": self.buckets.state(),
                 "guard": {"head": self.guard_head.state(), "fitted": self.guard_fitted.state()},
-                "explore_count": self.explore_count, "requests": self.requests}
+                "requests": self.requests}
 
     @classmethod
     def from_state(cls, st: dict, params: AcceptParams | None = None, fitted_allowed: bool = True) -> "AcceptanceModel":
@@ -354,6 +397,5 @@ class AcceptanceModel:
         m.buckets.load(st["buckets"])
         m.guard_head.load(st["guard"]["head"])
         m.guard_fitted.load(st["guard"]["fitted"])
-        m.explore_count = int(st["explore_count"])
         m.requests = int(st["requests"])
         return m

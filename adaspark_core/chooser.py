@@ -2,12 +2,26 @@
 
 For each offered width n the chooser weighs the round's expected tokens against its expected time:
 
-    V(n) = 1 + S(n0) + g_d dS_d(n) + g_n dS_ng(n) - rho_m (D + T(n, c))
+    V(n) = 1 + S(n) + L(n) - rho_m (D + T(n, c))
 
-with n0 = 8, dS the expected tokens the drafter's and the n-gram's nodes add above n0 (negative
-below it, priced with a second pair of gains), and rho_m the long-run decode rate of the round's
-context band. Until a band has 8 rounds it maximises the per-round ratio (1 + S(n)) / (D + T(n)).
-It keeps its incumbent unless another width beats it by a margin.
+with S(n) the expected accepted candidates among the first n - 1 of the best-first order, rho_m
+the long-run decode rate of the round's context band, and L(n) what the nodes a width leaves
+unverified are worth to the next rounds (``lookahead``; beyond the paper, which has no L and
+scales S above and below n0 = 8 by learned gains instead). Until a band has 8 rounds it maximises
+the per-round ratio (1 + S(n)) / (D + T(n)). It keeps its incumbent unless another width beats it
+by a margin.
+
+Why L, and why no gains: Eq. 7 values a round alone, as if the nodes it leaves unverified were
+lost. They are not: when a verify of the first m nodes of a chain accepts them all and the target's
+next token is node m + 1, the next round starts on the rest of the chain and chooses again, knowing
+the first m were right. So a narrow verify of a long chain keeps an option a wide one spends, and a
+myopic V prefers wide trees whose deep nodes are often wasted (on this project's CPU a 32-row
+verify costs eight 1-row ones). The paper's gains, learned from realised over predicted tokens,
+damp that bias by scaling the deep part of S down; with L the bias is gone at its source and the
+gains (which then damp twice) only cost. On traces of the bench workload replayed on a virtual
+clock with measured verify times (``adaspark simulate``, 85 replies, first-N ratio over ar): gains
+without L 1.40x (96-token replies) and 1.74x (256), L without gains 1.42x and 1.82x, both 1.20x
+and 1.79x; chain:3 1.44x and 1.68x.
 
 ``AdaptiveWidth`` joins the cost model and the chooser into what a round asks: which width to
 verify, given the round's candidates; and what to learn from the round's record.
@@ -15,65 +29,15 @@ verify, given the round's candidates; and what to learn from the round's record.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from .cost import CostModel, band_of
 from .online import Decayed
-from .tree import NGRAM, hindsight_path, products
-
-
-class GainLine:
-    """g(c) = a + b u (u = c / unit), the realised marginal tokens over the predicted, by ridge
-    least squares shrunk toward g = 1 (weight 0.02 x each regressor's sum of squares), clamped."""
-
-    def __init__(self, ridge: float = 0.02, clamp: tuple[float, float] = (0.25, 4.0), unit: float = 8192.0):
-        self.ridge, self.clamp, self.unit = ridge, clamp, unit
-        self.sxx = [0.0, 0.0, 0.0]  # sums of x1 x1, x1 x2, x2 x2 with x = (p, p u)
-        self.sxy = [0.0, 0.0]
-        self.n = 0
-        self._coef: tuple[float, float] | None = (1.0, 0.0)
-
-    def add(self, predicted: float, realised: float, c: int) -> None:
-        u = c / self.unit
-        x1, x2 = predicted, predicted * u
-        self.sxx[0] += x1 * x1
-        self.sxx[1] += x1 * x2
-        self.sxx[2] += x2 * x2
-        self.sxy[0] += x1 * realised
-        self.sxy[1] += x2 * realised
-        self.n += 1
-        self._coef = None
-
-    def coef(self) -> tuple[float, float]:
-        if self._coef is None:
-            l1, l2 = self.ridge * self.sxx[0], self.ridge * self.sxx[2]
-            a11, a12, a22 = self.sxx[0] + l1, self.sxx[1], self.sxx[2] + l2
-            b1, b2 = self.sxy[0] + l1 * 1.0, self.sxy[1]  # prior (1, 0)
-            det = a11 * a22 - a12 * a12
-            if det <= 1e-12 * max(a11 * a22, 1e-300):
-                self._coef = (b1 / a11, 0.0) if a11 > 0 else (1.0, 0.0)
-            else:
-                self._coef = ((b1 * a22 - a12 * b2) / det, (a11 * b2 - a12 * b1) / det)
-        return self._coef
-
-    def __call__(self, c: int) -> float:
-        a, b = self.coef()
-        lo, hi = self.clamp
-        return min(max(a + b * c / self.unit, lo), hi)
-
-    def state(self) -> dict:
-        return {"sxx": self.sxx, "sxy": self.sxy, "n": self.n}
-
-    def load(self, st: dict) -> "GainLine":
-        self.sxx, self.sxy, self.n = [float(v) for v in st["sxx"]], [float(v) for v in st["sxy"]], int(st["n"])
-        self._coef = None if self.n else (1.0, 0.0)
-        return self
+from .tree import ANCHOR, products
 
 
 @dataclass
 class ChooserParams:
-    n0: int = 8
     half_life: float = 64.0  # rounds, for the band rates
     band_min_rounds: int = 8
     margin: float = 0.04  # of the incumbent's expected tokens
@@ -81,35 +45,92 @@ class ChooserParams:
     hold_before_split: int = 8
 
 
-def source_sums(cands: list[dict], order: list[int], big_q: list[float] | None = None
-                ) -> tuple[list[float], list[float]]:
-    """S_d(n) and S_ng(n) for n = 1 .. len(order) + 1 (index n - 1): the expected accepted
-    candidates of the drafter's nodes and of the n-gram's nodes in the first n - 1 of the order.
-    ``big_q``: the candidates' path products, when the caller has them."""
+def expected_sums(cands: list[dict], order: list[int], big_q: list[float] | None = None) -> list[float]:
+    """S(n) for n = 1 .. len(order) + 1 (index n - 1): the expected accepted candidates in the
+    first n - 1 of the order. ``big_q``: the candidates' path products, when the caller has them."""
     if big_q is None:
         big_q = products([c["parent"] for c in cands], [c["q"] for c in cands])
-    sd, sn = [0.0], [0.0]
+    s = [0.0]
     for j in order:
-        ng = cands[j]["source"] == NGRAM
-        sd.append(sd[-1] + (0.0 if ng else big_q[j]))
-        sn.append(sn[-1] + (big_q[j] if ng else 0.0))
-    return sd, sn
+        s.append(s[-1] + big_q[j])
+    return s
 
 
-def accepted_sums(cands: list[dict], order: list[int], path: list[int]) -> tuple[list[int], list[int]]:
-    """Realised accepted candidates of each source within the first n - 1 of the order, for every
-    n: by Proposition 1 every prefix is a tree, and by width invariance (paper 3.5) its accepted
-    path is the longest start of the round's path that lies inside it."""
-    rank = {j: i for i, j in enumerate(order)}
-    ad, an = [0] * (len(order) + 1), [0] * (len(order) + 1)
-    reach = 0  # the shortest prefix (in candidates) holding the path so far
-    for j in path:
-        reach = max(reach, rank[j] + 1)
-        (an if cands[j]["source"] == NGRAM else ad)[reach] += 1  # counts from width reach + 1 on
-    for arr in (ad, an):
-        for i in range(1, len(arr)):
-            arr[i] += arr[i - 1]
-    return ad, an
+def spine(cands: list[dict], order: list[int]) -> tuple[list[float], list[int]]:
+    """The round's most likely path from the anchor (each step to the child of highest q), as the
+    q of its nodes, and for every width n (index n - 1) how many of its nodes the first n - 1 of
+    the order hold (a start of it: a child ranks after its parent)."""
+    best: dict[int, int] = {}
+    for j, c in enumerate(cands):
+        b = best.get(c["parent"])
+        if b is None or c["q"] > cands[b]["q"]:
+            best[c["parent"]] = j
+    qs, on, node, reach = [], set(), best.get(ANCHOR), 1.0
+    # It ends where it can no longer matter (and its products cannot underflow): at a node that
+    # cannot be accepted or one reached with a chance below 1e-12.
+    while node is not None and reach * cands[node]["q"] > 1e-12:
+        reach *= cands[node]["q"]
+        qs.append(cands[node]["q"])
+        on.add(node)
+        node = best.get(node)
+    held = [0]
+    for j in order:
+        held.append(held[-1] + (j in on))
+    return qs, held
+
+
+def continuation_values(qs: list[float], prices: dict[int, float], rho: float, d: float) -> list[float]:
+    """G[k]: what a round that starts at the spine's node k is worth, in tokens net of its time at
+    rate rho (0: an average round), counting what it leaves to the rounds after it. It verifies m
+    of the nodes (m + 1 rows, an offered width): 1 + their expected accepted - rho (D + T(m + 1));
+    if all m are accepted and the target's next token is node k + m, the round after starts at
+    node k + m + 1. A round is worth at least an average one: G >= 0, G[len(qs)] = 0."""
+    n = len(qs)
+    # Prefix products and their sums along the spine: the chance that nodes k .. k+m-1 are all
+    # accepted is P[k+m] / P[k], their expected accepted (A[k+m] - A[k]) / P[k] (the spine's q
+    # are > 0, so is P). Each start then costs one step per offered width, not one per node.
+    big_p, big_a = [1.0], [0.0]
+    for q in qs:
+        big_p.append(big_p[-1] * q)
+        big_a.append(big_a[-1] + big_p[-1])
+    steps = [(w - 1, rho * (d + t)) for w, t in sorted(prices.items())]
+    g = [0.0] * (n + 1)
+    for k in range(n - 1, -1, -1):
+        best = 0.0
+        pk, ak = big_p[k], big_a[k]
+        for m, cost in steps:
+            if k + m > n:
+                break
+            p = big_p[k + m] / pk
+            nxt = qs[k + m] * g[k + m + 1] if k + m < n else 0.0
+            value = 1.0 + (big_a[k + m] - ak) / pk - cost + p * nxt
+            if value > best:
+                best = value
+        g[k] = best
+    return g
+
+
+class Lookahead:
+    """L(n): what the spine nodes a verify of n rows leaves unverified are worth to the next
+    rounds: if every spine node inside the prefix is accepted and the target's next token is the
+    following spine node, the next round starts there (worth G, ``continuation_values``).
+
+    The next round is taken to see the rest of the spine with the q it has now, and the offered
+    widths at today's prices; a round whose chain breaks, or that the spine does not reach, is an
+    average round (worth 0 at rate rho)."""
+
+    def __init__(self, cands: list[dict], order: list[int], prices: dict[int, float], rho: float, d: float):
+        self.qs, self.held = spine(cands, order)
+        self.g = continuation_values(self.qs, prices, rho, d) if self.qs else [0.0]
+
+    def __call__(self, n: int) -> float:
+        m = at(self.held, n)
+        if m >= len(self.qs):
+            return 0.0
+        p = 1.0
+        for q in self.qs[:m]:
+            p *= q
+        return p * self.qs[m] * self.g[m + 1]
 
 
 def at(xs: list, n: int):
@@ -118,59 +139,50 @@ def at(xs: list, n: int):
 
 
 class Chooser:
-    """Eq. 7 with band rates, gains and hysteresis (paper 3.4)."""
+    """Eq. 7 with band rates, the lookahead and hysteresis (paper 3.4)."""
 
     def __init__(self, params: ChooserParams | None = None):
         self.p = params or ChooserParams()
         self.bands: dict[int, Decayed] = {}
-        self.gains = {k: GainLine() for k in ("d_hi", "n_hi", "d_lo", "n_lo")}
         self.incumbent: int | None = None
         self.held = 0  # rounds the incumbent has been held
-        # Rounds of the current request waiting for their continuation (learn), and the tokens
-        # committed since the oldest of them. Not stored: a request ends before the store is saved.
-        self._pending: list[tuple] = []
-        self._committed: list[int] = []
 
     def rate(self, c: int) -> float | None:
         b = self.bands.get(band_of(c))
         return b.ratio if b is not None and b.count >= self.p.band_min_rounds else None
 
-    def value(self, n: int, sd, sn, price: float, d: float, c: int, rho: float, gains=None) -> float:
-        """V(n) of Eq. 7. ``gains``: the four gains at c, when the caller already has them."""
-        n0 = self.p.n0
-        g = gains or self.gains_at(c)
-        gd, gn = (g["d_hi"], g["n_hi"]) if n >= n0 else (g["d_lo"], g["n_lo"])
-        sd0, sn0 = at(sd, n0), at(sn, n0)
-        return 1.0 + sd0 + sn0 + gd * (at(sd, n) - sd0) + gn * (at(sn, n) - sn0) - rho * (d + price)
-
-    def gains_at(self, c: int) -> dict[str, float]:
-        return {k: g(c) for k, g in self.gains.items()}
-
-    def scores(self, prices: dict[int, float], sd, sn, d: float, c: int) -> tuple[dict[int, float], bool]:
-        """Each priced width's score, and whether it is Eq. 7's value (else, until the band's
-        rate is known, the per-round ratio (1 + S(n)) / (D + T(n)))."""
+    def scores(self, prices: dict[int, float], s: list[float], d: float, c: int,
+               ahead: Lookahead | None = None) -> tuple[dict[int, float], bool]:
+        """Each priced width's score, and whether it is V(n) (else, until the band's rate is
+        known, the per-round ratio (1 + S(n)) / (D + T(n))). ``ahead``: the round's L (none: 0)."""
         rho = self.rate(c)
         if rho is None:
-            return {n: (1.0 + at(sd, n) + at(sn, n)) / (d + t) for n, t in prices.items()}, False
-        g = self.gains_at(c)
-        return {n: self.value(n, sd, sn, t, d, c, rho, g) for n, t in prices.items()}, True
+            return {n: (1.0 + at(s, n)) / (d + t) for n, t in prices.items()}, False
+        return {n: 1.0 + at(s, n) + (ahead(n) if ahead else 0.0) - rho * (d + t) for n, t in prices.items()}, True
 
-    def choose(self, prices: dict[int, float], sd, sn, d: float, c: int) -> int:
+    def lookahead(self, cands: list[dict], order: list[int], prices: dict[int, float], d: float,
+                  c: int) -> Lookahead | None:
+        """The round's L, once the band's rate is known."""
+        rho = self.rate(c)
+        return Lookahead(cands, order, prices, rho, d) if rho is not None and prices else None
+
+    def choose(self, prices: dict[int, float], s: list[float], d: float, c: int,
+               ahead: Lookahead | None = None) -> int:
         """The width to verify among the priced widths."""
         widths = list(prices)
         if self.incumbent not in prices:
             self.incumbent = widths[-1]  # the first incumbent is the widest offered width
             self.held = 0
         inc = self.incumbent
-        vals, is_value = self.scores(prices, sd, sn, d, c)
+        vals, is_value = self.scores(prices, s, d, c, ahead)
         best = max(widths, key=vals.__getitem__)
         if is_value:
-            switch = vals[best] > vals[inc] + self.p.margin * (1.0 + at(sd, inc) + at(sn, inc))
+            switch = vals[best] > vals[inc] + self.p.margin * (1.0 + at(s, inc))
         else:
             switch = vals[best] > (1.0 + self.p.ratio_margin) * vals[inc]
-        # A wider width priced no higher than the incumbent dominates it (Proposition 2: with
-        # gains >= 0 its value is at least the incumbent's), so the margin, which guards trades of
-        # tokens against time from flipping on noise, does not hold it back.
+        # A wider width priced no higher than the incumbent dominates it (Proposition 2: it
+        # verifies now, at no cost, what the incumbent leaves to a later round), so the margin,
+        # which guards trades of tokens against time from flipping on noise, does not hold it back.
         dominant = [n for n in widths if n > inc and prices[n] <= prices[inc]]
         if dominant and not (switch and best != inc):
             best, switch = dominant[-1], True
@@ -180,90 +192,35 @@ class Chooser:
             self.held += 1
         return self.incumbent
 
-    def split_test(self, prices: dict[int, float], cost_price, sd, sn, d: float, c: int):
+    def split_test(self, prices: dict[int, float], cost_price, s: list[float], d: float, c: int,
+                   ahead: Lookahead | None = None):
         """passes(a, b): could a width inside (a, b) beat the incumbent? A width inside costs at
-        least T(a) and accepts at most what b - 1 rows accept."""
-        rho = self.rate(c)
+        least T(a) and accepts at most what b - 1 rows accept (and leaves the next rounds what
+        b - 1 rows leave)."""
         inc = self.incumbent
 
         def passes(a: int, b: int) -> bool:
-            ta = cost_price(a)
-            if rho is None:
-                inside = (1.0 + at(sd, b - 1) + at(sn, b - 1)) / (d + ta)
-                here = (1.0 + at(sd, inc) + at(sn, inc)) / (d + prices[inc])
+            vals, is_value = self.scores({b - 1: cost_price(a), inc: prices[inc]}, s, d, c, ahead)
+            inside, here = vals[b - 1], vals[inc]
+            if not is_value:
                 return inside > (1.0 + self.p.ratio_margin) * here
-            inside = self.value(b - 1, sd, sn, ta, d, c, rho)
-            here = self.value(inc, sd, sn, prices[inc], d, c, rho)
-            return inside > here + self.p.margin * (1.0 + at(sd, inc) + at(sn, inc))
+            return inside > here + self.p.margin * (1.0 + at(s, inc))
 
         return passes
 
-    def learn(self, rec, offered: list[int], sums=None) -> None:
-        """Band rate from the round's committed tokens and time; gains from what every prefix of
-        its order accepted, in hindsight. ``sums``: the round's source_sums, when the caller
-        already has them.
-
-        Beyond the paper, which learns the gains only from the prefixes of the verified tree (so
-        the upper pair only from rounds wider than n0), a round waits until the tokens committed
-        after its anchor cover its deepest candidate (or its request ends): under greedy decoding
-        they are the target's own continuation, so they say which candidates of every prefix,
-        verified or not, would have been accepted (Proposition 1 and width invariance, 3.5). Every
-        round with candidates then teaches both pairs. On a CPU most rounds run one row, and once
-        the cold start stopped running every width (``AdaptiveWidth._worth_measuring``), a
-        chooser that learned only from its own wide rounds kept its prior gains for long.
-        (Simulated Gemma 3 CPU curve, rate over the best pinned width, seeds 0-2: 1.000, 0.978,
-        0.972 learning from verified rows only; 1.000, 0.978, 1.007 in hindsight.)"""
-        committed = len(rec.path) + 1
-        self.bands.setdefault(band_of(rec.context), Decayed(self.p.half_life)).add(committed, rec.times.total)
-        if self._pending and self._pending[0][0].request != rec.request:
-            self._resolve(everything=True)  # a request that ended without its last round
-        if rec.candidates:
-            sd, sn = sums or source_sums(rec.candidates, rec.order)
-            depth = max(c["depth"] for c in rec.candidates)
-            self._pending.append((rec, sd, sn, list(offered), len(self._committed), depth))
-        if self._pending:
-            self._committed += [rec.candidates[j]["token"] for j in rec.path] + [rec.bonus]
-        self._resolve(everything=rec.last)
-
-    def _resolve(self, everything: bool) -> None:
-        """Learn the gains of the waiting rounds whose continuation is known (all of them when the
-        request ends), oldest first."""
-        done = 0
-        for rec, sd, sn, offered, start, depth in self._pending:
-            cont = self._committed[start:]
-            if len(cont) <= depth and not everything:
-                break
-            path = hindsight_path(rec.candidates, cont)
-            ad, an = accepted_sums(rec.candidates, rec.order, path)
-            n0, c = self.p.n0, rec.context
-            top, low = (max(offered), min(offered)) if offered else (1, 1)
-            if top > n0:  # rows above n0 teach the upper pair
-                self._gain("d_hi", at(sd, top) - at(sd, n0), at(ad, top) - at(ad, n0), c)
-                self._gain("n_hi", at(sn, top) - at(sn, n0), at(an, top) - at(an, n0), c)
-            m = min(top, n0)
-            if m > low:  # rows between the narrowest offered width and n0: the lower pair
-                self._gain("d_lo", at(sd, m) - at(sd, low), at(ad, m) - at(ad, low), c)
-                self._gain("n_lo", at(sn, m) - at(sn, low), at(an, m) - at(an, low), c)
-            done += 1
-        del self._pending[:done]
-        if not self._pending:
-            self._committed = []
-
-    def _gain(self, key: str, predicted: float, realised: float, c: int) -> None:
-        if predicted > 1e-9:
-            self.gains[key].add(predicted, realised, c)
+    def learn(self, rec) -> None:
+        """The band's rate from the round's committed tokens and time."""
+        self.bands.setdefault(band_of(rec.context), Decayed(self.p.half_life)).add(len(rec.path) + 1, rec.times.total)
 
     def state(self) -> dict:
         return {"bands": {str(b): d.state() for b, d in self.bands.items()},
-                "gains": {k: g.state() for k, g in self.gains.items()},
                 "incumbent": self.incumbent, "held": self.held}
 
     @classmethod
     def from_state(cls, st: dict, params: ChooserParams | None = None) -> "Chooser":
+        # A store written before the lookahead also holds the gains ("gains"): not read.
         ch = cls(params)
         ch.bands = {int(b): Decayed(ch.p.half_life).load(d) for b, d in st["bands"].items()}
-        for k, g in st["gains"].items():
-            ch.gains[k].load(g)
         ch.incumbent, ch.held = st["incumbent"], int(st["held"])
         return ch
 
@@ -282,7 +239,6 @@ class AdaptiveWidth:
     def __init__(self, cost: CostModel | None = None, chooser: Chooser | None = None):
         self.cost = cost or CostModel()
         self.chooser = chooser or Chooser()
-        self._sums = None  # (candidates, order, sd, sn) of the last decision, reused by learn
 
     def decide(self, cands: list[dict], order: list[int], context: int, d_ms: float, max_rows: int,
                big_q: list[float] | None = None) -> Decision:
@@ -295,22 +251,22 @@ class AdaptiveWidth:
             # incumbent, its hold count and the split test are left as they are.
             return Decision(1, offered, None, None)
         prices = {w: t for w, t in self.cost.prices(context).items() if w <= max_rows}
-        sd, sn = source_sums(cands, order, big_q)
-        measure = self._worth_measuring(prices, sd, sn, len(cands) + 1, d_ms, context, max_rows)
+        s = expected_sums(cands, order, big_q)
+        ahead = self.chooser.lookahead(cands, order, prices, d_ms, context)
+        measure = self._worth_measuring(prices, s, ahead, len(cands) + 1, d_ms, context, max_rows)
         if measure is not None:
             return Decision(measure, offered, None, measure)
         if not prices:
             return Decision(1, offered, None, None)
-        self._sums = (cands, order, sd, sn)
-        width = self.chooser.choose(prices, sd, sn, d_ms, context)
+        width = self.chooser.choose(prices, s, d_ms, context, ahead)
         if self.chooser.held >= self.chooser.p.hold_before_split:
-            passes = self.chooser.split_test(prices, lambda w: self.cost.class_price(w, context), sd, sn, d_ms, context)
+            passes = self.chooser.split_test(prices, lambda w: self.cost.class_price(w, context), s, d_ms, context, ahead)
             if self.cost.split(width, context, passes) is not None:
                 self.chooser.held = 0
         return Decision(width, list(prices), list(prices.values()), None)
 
-    def _worth_measuring(self, prices: dict[int, float], sd, sn, fill: int, d_ms: float, context: int,
-                         max_rows: int) -> int | None:
+    def _worth_measuring(self, prices: dict[int, float], s: list[float], ahead: Lookahead | None, fill: int,
+                         d_ms: float, context: int, max_rows: int) -> int | None:
         """The width this round measures, if any (cold start or a new split, narrowest first).
 
         Unlike the paper, which measures every new width in the next rounds whatever they hold, a
@@ -327,17 +283,14 @@ class AdaptiveWidth:
             if not below:
                 return m if not prices else None
             optimistic = {**prices, m: prices[below[-1]]}
-            vals, _ = self.chooser.scores(optimistic, sd, sn, d_ms, context)
+            vals, _ = self.chooser.scores(optimistic, s, d_ms, context, ahead)
             if vals[m] > max(v for w, v in vals.items() if w != m):
                 return m
         return None
 
     def learn(self, rec) -> None:
         self.cost.learn(rec)
-        cached = self._sums
-        same = cached is not None and cached[0] is rec.candidates and cached[1] is rec.order
-        self.chooser.learn(rec, rec.offered, cached[2:] if same else None)
-        self._sums = None
+        self.chooser.learn(rec)
 
     def state(self) -> dict:
         return {"cost": self.cost.state(), "chooser": self.chooser.state()}

@@ -33,6 +33,7 @@ from .learned import Learners
 from .record import RoundLog
 from .scheduler import Arm, Generation, parse_arm
 from .testset import Conversation, user_message
+from .tracesim import Trace, write_trace
 
 SUBSETS = ("eval", "short", "all")
 
@@ -232,7 +233,9 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
     measured pass starts from the store they learned. ``log_dir``: a round log per scheduler arm
     of the measured pass, ``<arm>.jsonl`` (``:`` as ``_``), and of the warm passes,
     ``warm-<arm>.jsonl``; each file is started afresh. A log holds one arm, so ``adaspark replay``
-    drives one set of fresh learners through it, as the run did (after the warm log, if any)."""
+    drives one set of fresh learners through it, as the run did (after the warm log, if any). With
+    ``log_dir`` the baseline's prompts and replies also go to ``traces.jsonl`` (``adaspark
+    simulate``, tracesim.py)."""
     learning = [a for a in arms if getattr(a, "learners", None) is not None]
     logged = [a for a in arms if isinstance(a, SchedulerArm)]
     logs: list[RoundLog] = []
@@ -259,13 +262,19 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
             for k in range(warm):
                 _pass(convs, learning, chat_prompt, n_ctx, max_tokens, 1, progress, f"warm{k + 1}:")
             close_logs()
+        traces = None
         if log_dir is not None:
             open_logs(logged, False)
-        records = _pass(convs, arms, chat_prompt, n_ctx, max_tokens, repeat, progress, "")
+            traces = Path(log_dir) / TRACES
+            traces.write_bytes(b"")
+        records = _pass(convs, arms, chat_prompt, n_ctx, max_tokens, repeat, progress, "", traces)
     finally:
         close_logs()
     _mark_same_text(records, arms[0].name)
     return records
+
+
+TRACES = "traces.jsonl"
 
 
 def log_path(log_dir: Path, arm: str, warm: bool = False) -> Path:
@@ -281,8 +290,9 @@ def steps(convs: list[Conversation], arms: list, warm: int = 0) -> int:
 
 
 def _pass(convs: list[Conversation], arms: list, chat_prompt, n_ctx: int, max_tokens: int, repeat: int,
-          progress, tag: str) -> list[dict]:
-    """One pass of ``arms`` over the workload; ``tag`` prefixes the request ids."""
+          progress, tag: str, traces: Path | None = None) -> list[dict]:
+    """One pass of ``arms`` over the workload; ``tag`` prefixes the request ids. ``traces``: the
+    file the first arm's prompts and replies are appended to."""
     records: list[dict] = []
     for ci, conv in enumerate(convs):
         history = {a.name: system_messages(conv) for a in arms}
@@ -301,6 +311,9 @@ def _pass(convs: list[Conversation], arms: list, chat_prompt, n_ctx: int, max_to
                         alive[arm.name] = False  # the conversation no longer fits: it ends here
                         break
                     ans = _answer(arm, prompt, max_tokens, f"{tag}{conv.name}/{ti}/{reply}", repeat)
+                    if traces is not None and arm is arms[0]:
+                        write_trace(traces, Trace(f"{conv.name}/{ti}/{reply}", conv.set, conv.name, ti, reply,
+                                                  list(prompt), list(ans.tokens), ans.finish))
                     records.append({"arm": arm.name, "source": conv.set, "conversation": conv.name, "turn": ti,
                                     "reply": reply, "tok_s": ans.tok_s, "tokens": len(ans.tokens),
                                     "capped": ans.finish == "length", "context": len(prompt), "finish": ans.finish,

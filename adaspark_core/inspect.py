@@ -7,8 +7,8 @@
   as in the paper's Table 1, with an affine least-squares fit ``alpha + beta c`` of the law over
   the contexts' range; the class's price as the chooser reads it (Eq. 5: law x level x D clock);
   its per-band level windows;
-- the round's fixed cost D (``CostModel.d_now()``), the chooser's band rates rho, its four gains at
-  the same contexts and its incumbent (paper 3.4);
+- the round's fixed cost D (``CostModel.d_now()``), the chooser's band rates rho and its
+  incumbent (paper 3.4);
 - the acceptance model's coefficients and bucket weights with their label counts, and its guard
   (paper 3.3);
 - the store's counts and the fingerprint it is keyed by.
@@ -129,23 +129,16 @@ def cost_summary(cost: CostModel, contexts: Iterable[int] = CONTEXTS, fit_points
 # --- the chooser -----------------------------------------------------------------------------------
 
 
-def chooser_summary(ch: Chooser, contexts: Iterable[int] = CONTEXTS) -> dict:
+def chooser_summary(ch: Chooser) -> dict:
     """Band rates rho (committed tokens per ms, decayed; in use once a band has its minimum of
-    rounds), the four gains with their fitted lines and values at ``contexts``, the incumbent."""
-    contexts = sorted(set(int(c) for c in contexts))
+    rounds) and the incumbent."""
     bands = []
     for b in sorted(ch.bands):
         d = ch.bands[b]
         bands.append({"band": b, "contexts": band_range(b), "rounds": d.count,
                       "in_use": d.count >= ch.p.band_min_rounds,
                       "rho_tokens_per_ms": d.ratio, "tokens": d.x, "ms": d.y})
-    gains = {}
-    for name, g in ch.gains.items():
-        a, b = g.coef()
-        gains[name] = {"observations": g.n, "a": a, "b": b, "unit": g.unit, "clamp": list(g.clamp),
-                       "at": {str(c): g(c) for c in contexts}}
-    return {"incumbent": ch.incumbent, "held": ch.held, "n0": ch.p.n0,
-            "band_min_rounds": ch.p.band_min_rounds, "bands": bands, "gains": gains}
+    return {"incumbent": ch.incumbent, "held": ch.held, "band_min_rounds": ch.p.band_min_rounds, "bands": bands}
 
 
 # --- the acceptance model ---------------------------------------------------------------------------
@@ -172,7 +165,6 @@ def acceptance_summary(m: AcceptanceModel) -> dict:
     gh, gf = m.guard_head, m.guard_fitted
     return {
         "requests": m.requests,
-        "explore_count": m.explore_count,
         "guard": {"priced_by": "fitted" if m.fitted_prices else "head",
                   "head_loss_per_node": gh.x / gh.y if gh.y > 0 else None,
                   "fitted_loss_per_node": gf.x / gf.y if gf.y > 0 else None,
@@ -208,6 +200,6 @@ def summarize(store: Store, learners: Learners | None = None, contexts: Iterable
                    "acceptance_requests": accept.requests},
         "sections": sorted(store.sections),
         "cost": cost_summary(policy.cost, contexts, fit_points),
-        "chooser": chooser_summary(policy.chooser, contexts),
+        "chooser": chooser_summary(policy.chooser),
         "acceptance": acceptance_summary(accept),
     }

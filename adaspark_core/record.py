@@ -73,7 +73,7 @@ class RoundRecord:
     reach: int = 0  # the most rows this round's candidate sources could have filled
     p_src: float | None = None  # the n-gram source's top-1 precision on the committed text
     priced: str | None = None  # which acceptance estimate priced the candidates: fitted or head
-    explored: bool = False  # the last row went to an exploring n-gram node
+    explored: bool = False  # the last row went to an exploring n-gram node (logs before hindsight labels)
     first: bool = False  # the request's first round
     last: bool = False  # the request's last round
     finish: str | None = None  # on the last round: stop, length or context

@@ -129,6 +129,12 @@ class CostTable:
 
     def _reference(self, band: int) -> float | None:
         """The most measured width's time in ``band``, or in the nearest band it was measured in."""
+        key = (0, band)  # no width is 0: the memo's slot for the reference
+        if key not in self._memo:
+            self._memo[key] = self._reference_time(band)
+        return self._memo[key]
+
+    def _reference_time(self, band: int) -> float | None:
         ref = max(self._samples, key=lambda w: len(self._samples[w]))
         bands = sorted({b for b, _ in self._samples[ref]}, key=lambda b: (abs(b - band), b))
         for b in bands:

@@ -30,7 +30,7 @@ from typing import Iterable
 
 from . import tree
 from .acceptance import FITTED
-from .chooser import source_sums
+from .chooser import expected_sums
 from .learned import Learners
 from .record import RoundRecord
 from .scheduler import parse_arm
@@ -63,7 +63,6 @@ class Report:
     accepted: dict[str, int] = field(default_factory=lambda: {"drafter": 0, "both": 0, "ngram": 0})
     ngram_rounds: int = 0
     widened: int = 0
-    explored: int = 0
     # (request, round) -> the chooser's own argmax without the margin, on its state before the
     # round (adaptive rounds it priced): what the regret account's "holding" is measured against.
     model_choices: dict = field(default_factory=dict)
@@ -124,7 +123,6 @@ class Report:
             "rounds_with_ngram": self.ngram_rounds,
             "rounds_widened": self.widened,
             "widened_share": _per(self.widened, self.ngram_rounds),
-            "explored_rounds": self.explored,
         }
 
 
@@ -174,8 +172,9 @@ def replay(records: Iterable[RoundRecord], learners: Learners | None = None,
         d_ms = policy.cost.d_now()
         width = rec.width
         if arm.adaptive and cands and rec.prices is not None and rec.measure is None:
-            sd, sn = source_sums(cands, rec.order)
-            vals, _ = policy.chooser.scores(dict(zip(rec.offered, rec.prices)), sd, sn, d_ms, rec.context)
+            prices = dict(zip(rec.offered, rec.prices))
+            ahead = policy.chooser.lookahead(cands, rec.order, prices, d_ms, rec.context)
+            vals, _ = policy.chooser.scores(prices, expected_sums(cands, rec.order), d_ms, rec.context, ahead)
             report.model_choices[(rec.request, rec.round)] = max(vals, key=vals.__getitem__)
         if arm.adaptive:
             max_rows = max(rec.offered) if rec.offered else 1
@@ -184,11 +183,6 @@ def replay(records: Iterable[RoundRecord], learners: Learners | None = None,
             if check and (width != rec.width or dec.measure != rec.measure):
                 raise ReplayMismatch(f"request {rec.request} round {rec.round}: replay chose width {width}"
                                      f" (measuring {dec.measure}); the log has {rec.width} (measuring {rec.measure})")
-        if arm.fitted:
-            explored = model.explore(cands, rec.order, width) is not None
-            if check and explored != rec.explored:
-                raise ReplayMismatch(f"request {rec.request} round {rec.round}: replay explored={explored}; "
-                                     f"the log has {rec.explored}")
         policy.learn(rec)
         score = model.learn(rec)
         req.nodes += score.nodes
@@ -215,7 +209,6 @@ def _observe(report: Report, rec: RoundRecord, arm, chooser, d_ms: float) -> Non
     cands = rec.candidates
     if not cands:
         return
-    report.explored += rec.explored
     for j in rec.rows[1:]:
         report.rows[node_class(cands[j])] += 1
     for j in rec.path:
@@ -232,7 +225,8 @@ def _observe(report: Report, rec: RoundRecord, arm, chooser, d_ms: float) -> Non
         zq = [0.0 if c["source"] == NGRAM else c["q"] for c in cands]
         zeroed = [{**c, "q": q} for c, q in zip(cands, zq)]
         zbig = tree.products([c["parent"] for c in cands], zq)
-        sd, sn = source_sums(zeroed, tree.best_first(zbig), zbig)
+        zorder = tree.best_first(zbig)
         prices = dict(zip(rec.offered, rec.prices))
-        without = chooser.choose(prices, sd, sn, d_ms, rec.context)
+        ahead = chooser.lookahead(zeroed, zorder, prices, d_ms, rec.context)
+        without = chooser.choose(prices, expected_sums(zeroed, zorder, zbig), d_ms, rec.context, ahead)
         report.widened += rec.width > without

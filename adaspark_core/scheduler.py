@@ -168,13 +168,12 @@ class Plan:
     offered: list[int]
     prices: list[float] | None = None
     measure: int | None = None
-    explored: bool = False
 
 
 def plan(anchor: int, cands: list[Candidate], cand_dicts: list[dict], arm: Arm, max_rows: int,
-         context: int, policy: AdaptiveWidth | None, acceptance: AcceptanceModel | None = None) -> Plan:
+         context: int, policy: AdaptiveWidth | None) -> Plan:
     """Order the candidates best first (Proposition 1), choose the width (the arm's, or the
-    adaptive policy's), let the acceptance model explore, and lay the rows out depth first."""
+    adaptive policy's), and lay the rows out depth first."""
     big_q = tree.path_products(cands)
     order = tree.best_first(big_q)
     if arm.adaptive:
@@ -183,10 +182,8 @@ def plan(anchor: int, cands: list[Candidate], cand_dicts: list[dict], arm: Arm, 
     else:
         width, offered, prices, measure = min(arm.max_width, max_rows), [arm.max_width], None, None
     width = min(width, len(cands) + 1)  # a tree with fewer candidates comes out narrower
-    chosen = tree.prefix(order, width)
-    explored = acceptance.explore(cand_dicts, order, width) if acceptance is not None and arm.fitted else None
-    lay = tree.layout(anchor, cands, explored if explored is not None else chosen)
-    return Plan(order, width, lay, offered, prices, measure, explored is not None)
+    lay = tree.layout(anchor, cands, tree.prefix(order, width))
+    return Plan(order, width, lay, offered, prices, measure)
 
 
 def stop_cut(accepted: list[int], is_eog: Callable[[int], bool], budget: int) -> tuple[int, str | None]:
@@ -362,7 +359,7 @@ class Generation:
         priced = price(cands, cand_dicts, context, p_src if p_src is not None else 0.5, self.acceptance) if cands else None
         # Cells: the committed prefix plus the verify's rows must fit the context.
         max_rows = max(1, min(arm.max_width, target.n_ctx - target.n_past))
-        p = plan(anchor, cands, cand_dicts, arm, max_rows, context, self.policy, self.acceptance)
+        p = plan(anchor, cands, cand_dicts, arm, max_rows, context, self.policy)
         t1 = self.clock()
         ver = target.verify(p.layout)
         path_rows, bonus = tree.accept_walk(p.layout, ver.argmax)
@@ -401,7 +398,6 @@ class Generation:
             reach=reach,
             p_src=p_src,
             priced=priced,
-            explored=p.explored,
             width=p.width,
             rows=p.layout.cand,
             argmax=ver.argmax,

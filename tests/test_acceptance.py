@@ -15,9 +15,13 @@ from adaspark_core.tree import ANCHOR, NGRAM, PICK, SIBLING, Candidate
 NONE = -999  # the target's argmax when no candidate is right
 
 
-def record(cands: list[dict], truth: list[int], rows: list[int], path: list[int], context=600, p_src=0.5):
-    """A round record with only what the acceptance model reads."""
-    return SimpleNamespace(candidates=cands, context=context, p_src=p_src, rows=rows, argmax=truth, path=path)
+def record(cands: list[dict], truth: list[int], rows: list[int], path: list[int], context=600, p_src=0.5,
+           request="r", last=True):
+    """A round record with only what the acceptance model reads. By default the round is its
+    request's last, so its hindsight labels come from its own path and bonus alone."""
+    bonus = truth[rows.index(path[-1] if path else ANCHOR)]
+    return SimpleNamespace(candidates=cands, context=context, p_src=p_src, rows=rows, argmax=truth, path=path,
+                           bonus=bonus, request=request, last=last)
 
 
 def draw(rng: random.Random, qs: list[float]) -> int | None:
@@ -140,7 +144,7 @@ def test_the_guard_keeps_a_calibrated_head_and_the_cost_arm_never_prices_fitted(
     assert model.guard_fitted.x < model.guard_head.x  # it learned, and would have won
 
 
-# --- n-gram buckets and exploration -------------------------------------------------------------
+# --- n-gram buckets and hindsight labels -------------------------------------------------------
 
 
 def ngram_round(p_src=0.2):
@@ -157,7 +161,8 @@ def ngram_round(p_src=0.2):
 
 
 def verify(rng, cands, chosen):
-    """Draw the truth along the tree; return (rows, argmax, path) of a verify of ``chosen``."""
+    """Draw the truth along the tree; return (rows, argmax, path) of a verify of ``chosen`` and
+    the target's text after the anchor (its next tokens; NONE once it leaves the tree)."""
     right = draw(rng, [0.6, 0.3])
     truth = {  # the right child of each node, or None
         ANCHOR: {0: 0, 1: 3, None: None}[right],
@@ -173,50 +178,67 @@ def verify(rng, cands, chosen):
     while truth[at] is not None and truth[at] in chosen:
         at = truth[at]
         path.append(at)
-    return rows, argmax, path
+    text, at = [], ANCHOR
+    while truth[at] is not None:
+        at = truth[at]
+        text.append(cands[at]["token"])
+    return rows, argmax, path, text + [NONE, NONE]
 
 
-def run_exploration(every: int, rounds: int = 8000):
-    from dataclasses import replace
-
-    from adaspark_core.acceptance import AcceptParams
-
+def run_rounds(hindsight: bool, rounds: int = 8000):
+    """2-row verifies of ngram_round (the better of M1 and Y), each round its own request. With
+    ``hindsight`` a second round commits the target's next token after the first round's, as a
+    decode does; without it the request ends after the verify."""
     rng = random.Random(4)
-    model = AcceptanceModel(replace(AcceptParams(), explore_every=every))
-    explored = 0
+    model = AcceptanceModel()
     for i in range(rounds):
-        if i % 200 == 0:
-            model.start_request()
+        model.start_request()
         cands = ngram_round()
         p = model.price(cands, 600, 0.2)
         for c, q in zip(cands, p.q):
             c["q"] = q
         order = tree.best_first(tree.products([c["parent"] for c in cands], p.q))
-        width = 2  # one candidate row: the better of M1 and Y
-        alt = model.explore(cands, order, width)
-        explored += alt is not None
-        chosen = alt if alt is not None else order[: width - 1]
-        rows, argmax, path = verify(rng, cands, chosen)
-        model.learn(record(cands, argmax, rows, path, p_src=0.2))
-    return model, explored
+        rows, argmax, path, text = verify(rng, cands, order[:1])
+        model.learn(record(cands, argmax, rows, path, p_src=0.2, request=f"r{i}", last=not hindsight))
+        if hindsight:  # the next round: nothing proposed, the target's next token committed
+            nxt = text[len(path) + 1]
+            model.learn(record([], [nxt], [ANCHOR], [], p_src=0.2, request=f"r{i}", last=True))
+    return model
 
 
-def test_exploration_corrects_a_bucket_that_best_first_never_places():
+def test_hindsight_labels_correct_a_bucket_that_best_first_never_places():
     z = "ng:" + bucket("copy", 5, 1)  # Z hangs below Y, which a 2-row tree never places (M1 wins)
 
     def q_z(model):
         model.start_request()
         return model.price(ngram_round(), 600, 0.2).fitted[4]
 
-    without, n0 = run_exploration(every=10**9)
-    assert n0 == 0 and without.buckets.m.get(z, 0) < 5  # best-first placed Y once or twice at most
-    model, n = run_exploration(every=16)
-    assert n == pytest.approx(8000 / 16, abs=2)
-    assert model.buckets.m[z] > 40  # Y was placed by exploration, so Z got labels
+    without = run_rounds(hindsight=False)
+    assert without.buckets.m.get(z, 0) < 5  # best-first placed Y once or twice at most
+    model = run_rounds(hindsight=True)
+    # Whenever Y was the target's token (about 0.3 of rounds, M1 verified and rejected, Y the
+    # bonus), the committed text after it labelled Z, though no verify ever held Y.
+    assert model.buckets.m[z] > 0.25 * 8000
     # Z is right 95% of the time after Y, far above the prior's p_src = 0.2. Without labels its
     # price moves only through the terms it shares with other n-gram nodes (the slope on logit
     # p_src, and with M2 the copy nodes one below an n-gram node), far less than with them.
-    assert q_z(model) > 0.75 and q_z(model) - q_z(without) > 0.2
+    assert q_z(model) > 0.85 and q_z(model) - q_z(without) > 0.2
+
+
+def test_hindsight_labels_wait_for_the_text_and_never_teach_the_request_intercept():
+    cands = ngram_round()
+    model = AcceptanceModel()
+    model.start_request()
+    p = model.price(cands, 600, 0.2)
+    # M1 verified and accepted, the bonus M2; M3 is labelled only once the next round commits.
+    model.learn(record(cands, [1, 2], [ANCHOR, 0], [0], p_src=0.2, last=False))
+    m3 = "ng:" + cands[2]["bucket"]
+    assert model.buckets.m.get(m3, 0) == 0 and len(model._pending) == 1
+    b_req = model.intercept.value
+    model.learn(record([], [3], [ANCHOR], [], p_src=0.2, last=False))  # the target's next token is M3
+    assert model.buckets.m[m3] == 1 and not model._pending
+    assert model.intercept.value == b_req  # a delayed label says nothing about this request's level now
+    assert p.fitted[2] < 0.9  # and it was priced at the round's own q
 
 
 # --- Corollary 4 ------------------------------------------------------------------------------

@@ -145,8 +145,13 @@ def test_scheduler_arms_trace_their_deltas_and_log_each_arm(tmp_path):
     f = s["first_n"]["vs_baseline"]["adaspark"]["overall"]
     assert f["replies"] + f["no_interval"] == f["paired"] == 3 and f["untraced"] == 0
 
-    assert sorted(p.name for p in logs.iterdir()) == ["adaspark.jsonl", "ar.jsonl", "chain_3.jsonl",
+    assert sorted(p.name for p in logs.iterdir()) == ["adaspark.jsonl", "ar.jsonl", "chain_3.jsonl", "traces.jsonl",
                                                       "warm-adaspark.jsonl"]
+    from adaspark_core.tracesim import read_traces
+
+    traces = read_traces([logs / "traces.jsonl"])  # the baseline's replies of the measured pass
+    assert [t.request for t in traces] == ["c0/0/0", "c0/1/0", "c1/0/0"]
+    assert all(len(t.tokens) == 24 and t.finish == "length" for t in traces)
     measured, warm = list(read_log(logs / "adaspark.jsonl")), list(read_log(logs / "warm-adaspark.jsonl"))
     assert {r.request for r in measured} == {"c0/0/0", "c0/1/0", "c1/0/0"} and {r.arm for r in measured} == {"adaspark"}
     assert {r.request for r in warm} == {"warm1:c0/0/0", "warm1:c0/1/0", "warm1:c1/0/0"}
@@ -270,7 +275,15 @@ def test_compare_runs_every_kind_of_arm_and_writes_its_results(tmp_path):
     logs = out / "logs"
     assert {p.name for p in logs.iterdir()} == {"ar.jsonl", "chain_3.jsonl", "tree_8.jsonl", "cost.jsonl",
                                                  "adaspark.jsonl", "pinned_4.jsonl", "warm-cost.jsonl",
-                                                 "warm-adaspark.jsonl", "warm-pinned_4.jsonl"}
+                                                 "warm-adaspark.jsonl", "warm-pinned_4.jsonl", "traces.jsonl"}
+    # ar's replies as traces: the scheduler arms decode them again on a virtual clock priced by
+    # the run's own verify times, and never leave them (simulate checks every reply)
+    sim = adaspark("simulate", logs / "traces.jsonl", "--costs", logs / "ar.jsonl", "--costs", logs / "chain_3.jsonl",
+                   "--costs", logs / "adaspark.jsonl", "--arms", "chain:3,adaspark", "--resamples", 200, "--json")
+    assert sim.returncode == 0, sim.stderr
+    simulated = orjson.loads(sim.stdout)
+    assert simulated["arms"] == ["ar", "chain:3", "adaspark"]
+    assert simulated["first_n"]["vs_baseline"]["chain:3"]["overall"]["paired"] == 4
     both = tmp_path / "both.jsonl"  # a warm run replays from its warm log on
     both.write_bytes((logs / "warm-adaspark.jsonl").read_bytes() + (logs / "adaspark.jsonl").read_bytes())
     assert adaspark("replay", both).returncode == 0

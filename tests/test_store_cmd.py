@@ -134,7 +134,8 @@ def test_show_json_reports_the_learners_state(store, model, replayed):
         for c in CONTEXTS:
             assert k["law"]["time_ms"][str(c)] == pytest.approx(wc.law.value(c), rel=1e-12)
             assert k["price_ms"][str(c)] == pytest.approx(cost.class_price(w, c), rel=1e-12)
-            assert k["offered_price_ms"][str(c)] == pytest.approx(cost.prices(c)[w], rel=1e-12)
+            offered = cost.prices(c).get(w)  # None for a width measured fewer than 3 times
+            assert k["offered_price_ms"][str(c)] == (None if offered is None else pytest.approx(offered, rel=1e-12))
         # Table 1's fit: least squares of the law over [443, 8444], checked against numpy's
         xs = np.linspace(443, 8444, 64)
         beta, alpha = np.polyfit(xs, [wc.law.value(int(round(x))) for x in xs], 1)
@@ -154,10 +155,6 @@ def test_show_json_reports_the_learners_state(store, model, replayed):
         d = ch.bands[b["band"]]
         assert b["rounds"] == d.count and b["rho_tokens_per_ms"] == d.ratio > 0
         assert b["contexts"] == [1 << (b["band"] - 1), (1 << b["band"]) - 1]
-    assert set(out["chooser"]["gains"]) == {"d_hi", "n_hi", "d_lo", "n_lo"}
-    for name, g in out["chooser"]["gains"].items():
-        assert g["observations"] == ch.gains[name].n
-        assert g["at"] == {str(c): pytest.approx(ch.gains[name](c)) for c in CONTEXTS}
     assert out["chooser"]["incumbent"] == ch.incumbent
 
     a = out["acceptance"]
@@ -184,7 +181,7 @@ def test_show_text_has_the_key_lines(store, model):
     assert f"Learned widths: {' '.join(map(str, cost.widths))} (" in text
     assert f"Round fixed cost D now: {cost.d_now():.3f} ms" in text
     for heading in ("T(443)", "T(1,596)", "T(8,444)", "alpha (ms)", "beta (ms/1k)", "Prices the chooser reads",
-                    "Levels per context band", "Band rates rho", "Gains", "Acceptance model", "Bucket weights"):
+                    "Levels per context band", "Band rates rho", "Acceptance model", "Bucket weights"):
         assert heading in text
     # each class's row carries its law at the three contexts
     for w in cost.widths:
@@ -210,7 +207,6 @@ def test_show_at_other_contexts(store):
     assert out["cost"]["contexts"] == [200, 300]
     k = out["cost"]["classes"][0]
     assert set(k["law"]["time_ms"]) == {"200", "300"} and k["law"]["fit"]["contexts"] == [200, 300]
-    assert set(out["chooser"]["gains"]["n_lo"]["at"]) == {"200", "300"}
 
 
 def test_summarize_is_plain_json(store):

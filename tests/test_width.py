@@ -8,7 +8,7 @@ from collections import Counter
 import orjson
 import pytest
 
-from adaspark_core.chooser import AdaptiveWidth, accepted_sums, source_sums
+from adaspark_core.chooser import AdaptiveWidth, Lookahead, continuation_values, expected_sums
 from adaspark_core.cost import CostModel, band_of
 from adaspark_core.engine.sim import CURVES, expected_tokens, make_sim
 from adaspark_core.record import RoundLog, RoundRecord, Timing, read_log
@@ -147,14 +147,10 @@ def test_a_restart_begins_from_the_learned_widths():
     assert learned and not measured & learned  # no cold start: only a pending split may be measured
 
 
-def test_prefix_sums_split_by_source():
+def test_prefix_sums():
     cands = [{"parent": -1, "q": 0.5, "source": "pick"}, {"parent": 0, "q": 0.5, "source": "ngram"},
              {"parent": -1, "q": 0.2, "source": "sibling"}]
-    order = [0, 1, 2]  # Q = .5, .25, .2
-    sd, sn = source_sums(cands, order)
-    assert sd == pytest.approx([0, 0.5, 0.5, 0.7]) and sn == pytest.approx([0, 0, 0.25, 0.25])
-    ad, an = accepted_sums(cands, order, [0, 1])  # the pick then the n-gram node accepted
-    assert ad == [0, 1, 1, 1] and an == [0, 0, 1, 1]
+    assert expected_sums(cands, [0, 1, 2]) == pytest.approx([0, 0.5, 0.75, 0.95])  # Q = .5, .25, .2
 
 
 def test_a_level_measured_in_one_context_band_does_not_price_another():
@@ -195,26 +191,61 @@ def test_a_width_is_measured_only_where_the_round_could_use_it():
     assert policy.decide(short, [0, 1], 500, 2.0, 64).measure is None
 
 
-def test_every_round_with_candidates_teaches_the_gains_in_hindsight():
-    """A round verified at one row still says, once the next tokens are committed, what every
-    prefix of its order would have accepted: both pairs of gains learn from it."""
+def brute_force_value(qs, prices, rho, k=0):
+    """G[k] of continuation_values by enumerating every outcome: verify m nodes, then either the
+    chain breaks (an average round after: 0) or the bonus continues it."""
+    n = len(qs)
+    if k >= n:
+        return 0.0
+    best = 0.0
+    for w, t in prices.items():
+        m = w - 1
+        if k + m > n:
+            continue
+        value = 1.0 - rho * t
+        p_all = 1.0
+        for i in range(m):  # accepted exactly i nodes, then a rejection
+            value += p_all * (1 - qs[k + i]) * i
+            p_all *= qs[k + i]
+        value += p_all * m  # all m accepted
+        if k + m < n:
+            value += p_all * qs[k + m] * brute_force_value(qs, prices, rho, k + m + 1)
+        best = max(best, value)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_continuation_values_are_the_expected_value_of_the_best_plan(seed):
+    rng = random.Random(seed)
+    qs = [rng.uniform(0.3, 0.99) for _ in range(rng.randint(1, 9))]
+    prices = {1: 10.0, 2: 14.0, 4: 18.0, 8: 30.0}
+    g = continuation_values(qs, prices, 0.12, 0.0)
+    for k in range(len(qs) + 1):
+        assert g[k] == pytest.approx(brute_force_value(qs, prices, 0.12, k))
+
+
+def test_a_narrow_verify_of_a_long_chain_keeps_the_option_a_wide_one_spends():
+    """On CPU-like prices (a 32-row verify costs 8 one-row ones), a chain whose first node is
+    uncertain and whose deep nodes are sure: the myopic V prefers the widest verify; with L the
+    chooser verifies a few nodes first, as the rest will still be there if they were right."""
     from adaspark_core.chooser import Chooser
 
+    qs = [0.6] + [0.97] * 31
+    cands = chain_cands(qs)
+    order = list(range(32))
+    prices = {1: 10.0, 4: 18.0, 8: 30.0, 16: 50.0, 32: 86.0}
     ch = Chooser()
-    cands = chain_cands([0.5] * 12)
-    base = dict(request="r", arm="adaspark", anchor=0, offered=[1, 2, 4, 8, 16], prices=None, width=1,
-                rows=[-1], argmax=[0], path=[], emitted=[], times=Timing(2.0, 5.0, 0.0, 0.0, 5.0))
-    # Round 0 verifies nothing but the anchor; its bonus and the next rounds commit 100..109.
-    first = RoundRecord(round=0, context=500, candidates=cands, order=list(range(12)), bonus=100,
-                        first=True, **base)
-    ch.learn(first, first.offered)
-    assert all(g.n == 0 for g in ch.gains.values())  # its continuation is not known yet
-    for r, tok in enumerate(range(101, 115), start=1):
-        ch.learn(RoundRecord(round=r, context=500 + r, candidates=[], order=[], bonus=tok, last=tok == 114,
-                             **base), [1])
-    assert ch.gains["n_lo"].n == 1 and ch.gains["n_hi"].n == 1
-    # The continuation 100..114 accepts the whole chain: the 5 nodes past the first 7 (the rows
-    # above n0 = 8, up to the widest offered width, 16) were all accepted against a small S.
-    sd, sn = source_sums(cands, list(range(12)))
-    predicted = sn[12] - sn[7]
-    assert ch.gains["n_hi"].sxy[0] == pytest.approx(predicted * 5) and ch.gains["n_hi"].sxx[0] == pytest.approx(predicted ** 2)
+    for _ in range(8):
+        ch.learn(SimpleRecord(context=500, path=[], times=Timing(0.0, 8.0, 0.0, 0.0, 8.0)))  # rho = 1/8 tok/ms
+    s = expected_sums(cands, order)
+    myopic, _ = ch.scores(prices, s, 0.0, 500)
+    ahead = ch.lookahead(cands, order, prices, 0.0, 500)
+    vals, _ = ch.scores(prices, s, 0.0, 500, ahead)
+    assert max(myopic, key=myopic.get) == 32 and max(vals, key=vals.get) < 32
+    assert ahead(32) == 0.0 and ahead(1) > ahead(4) > 0.0  # a full verify leaves nothing behind
+    assert isinstance(ahead, Lookahead)
+
+
+class SimpleRecord:
+    def __init__(self, context, path, times):
+        self.context, self.path, self.times = context, path, times

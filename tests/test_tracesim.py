@@ -1,0 +1,99 @@
+"""Trace simulation (adaspark_core/tracesim.py, ``adaspark simulate``): the real scheduler and
+learners decode recorded replies on a virtual clock priced by measured verify times."""
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from adaspark_core.errors import InputError
+from adaspark_core.record import read_log
+from adaspark_core.replay import replay
+from adaspark_core.tracesim import MeasuredCosts, Trace, read_traces, simulate, write_trace
+
+from test_cli import adaspark, assert_one_error_line
+
+FIXTURE_LOG = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "rounds.jsonl"
+
+
+def copy_trace(name="t0", finish="length", turn=0):
+    """A prompt holding a passage, and a reply that copies it twice with a few words between:
+    the n-gram fill finds the copies, so speculation pays."""
+    passage = list(range(1000, 1040))
+    prompt = list(range(10, 50)) + passage + list(range(60, 70))
+    reply = [7, 8] + passage + [9] + passage[:30]
+    return Trace(name, "copies", name.split("/")[0], turn, 0, prompt, reply, finish)
+
+
+def costs():
+    return MeasuredCosts([FIXTURE_LOG])  # a real run of the default model: widths 1, 2, 4, 8
+
+
+def test_arms_decode_the_traces_exactly_and_speculation_pays_on_copies(tmp_path):
+    traces = [copy_trace("a/0"), copy_trace("b/0", finish="stop"), copy_trace("c/0")]
+    recs = simulate(traces, ["ar", "chain:3", "adaspark"], costs(), log_dir=tmp_path)
+    by = {(r["arm"], r["conversation"]): r for r in recs}
+    for t in traces:
+        for arm in ("ar", "chain:3", "adaspark"):
+            r = by[(arm, t.conversation)]
+            assert r["tokens"] == len(t.tokens) and r["finish"] == t.finish  # simulate checks the tokens
+            assert r["trace"][-1][0] == r["tokens"] and r["tok_s"] > 0
+        assert by[("chain:3", t.conversation)]["tok_s"] > 1.5 * by[("ar", t.conversation)]["tok_s"]
+    # one round log per arm, and the learning arm's replays exactly into its learners
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adaspark.jsonl", "ar.jsonl", "chain_3.jsonl"]
+    adaptive = list(read_log(tmp_path / "adaspark.jsonl"))
+    assert {r.request for r in adaptive} == {"a/0", "b/0", "c/0"}
+    replay(adaptive)  # raises on any difference
+
+
+def test_a_simulation_is_a_function_of_its_seed():
+    traces = [copy_trace("a/0"), copy_trace("b/0")]
+    one = simulate(traces, ["ar", "adaspark"], costs(), seed=3)
+    assert simulate(traces, ["ar", "adaspark"], costs(), seed=3) == one
+    assert simulate(traces, ["ar", "adaspark"], costs(), seed=4) != one
+
+
+def test_warm_passes_run_the_learning_arms_first(tmp_path):
+    traces = [copy_trace("a/0"), copy_trace("b/0")]
+    recs = simulate(traces, ["ar", "adaspark"], costs(), warm=1, log_dir=tmp_path)
+    assert len(recs) == 4  # the warm pass is not recorded
+    warm = list(read_log(tmp_path / "warm-adaspark.jsonl"))
+    assert {r.request for r in warm} == {"warm1:a/0", "warm1:b/0"}
+    replay([*warm, *read_log(tmp_path / "adaspark.jsonl")])
+
+
+def test_widths_past_the_measured_are_priced_per_row():
+    c = costs()
+    widest = max(c.table.widths)
+    assert c.ms(2 * widest, 300) == pytest.approx(2 * c.ms(widest, 300))
+    assert c.ms(1, 300) < c.ms(widest, 300)
+
+
+def test_bad_traces_and_costs_get_one_line(tmp_path):
+    good = tmp_path / "t.jsonl"
+    write_trace(good, copy_trace())
+    assert [t.request for t in read_traces([good])] == ["t0"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(good.read_bytes() + b"{not json\n")
+    with pytest.raises(InputError, match=r"bad.jsonl:2: not a trace line"):
+        read_traces([bad])
+    old = tmp_path / "old.jsonl"
+    old.write_bytes(orjson.dumps({**copy_trace().to_json(), "schema": 99}) + b"\n")
+    with pytest.raises(InputError, match="schema 99"):
+        read_traces([old])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    with pytest.raises(InputError, match="no trace"):
+        read_traces([empty])
+    assert_one_error_line(adaspark("simulate", tmp_path / "missing.jsonl", "--costs", FIXTURE_LOG), "cannot read")
+    assert_one_error_line(adaspark("simulate", good, "--costs", good), "")
+    assert_one_error_line(adaspark("simulate", good, "--costs", FIXTURE_LOG, "--arms", "ar,nope"), "unknown arm")
+
+
+def test_simulate_command_prints_compare_tables(tmp_path):
+    traces = tmp_path / "t.jsonl"
+    for i in range(3):
+        write_trace(traces, copy_trace(f"c{i}/0"))
+    res = adaspark("simulate", traces, "--costs", FIXTURE_LOG, "--arms", "chain:3,adaspark", "--resamples", 100)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("simulated: 3 traced replies") and "chain:3" in res.stdout and "adaspark" in res.stdout
