@@ -40,6 +40,12 @@ time cancels: W* pays it too), and each round's delta is split by counterfactual
 
 Host time is reported beside the loss (every arm pays it, so it is not part of the loss to W*),
 split into its parts, with the learners' part, which a fixed arm does not pay, as its own line.
+
+The account holds the run's round boundaries fixed: every counterfactual width is priced on the
+same rounds. It cannot credit a narrow verify with the later rounds it makes possible (a chain whose
+first nodes were right is still there next round), which is what the chooser's lookahead weighs; such
+choices show up here as acceptance mispricing. ``adaspark simulate`` (tracesim.py) re-decodes with
+other choices, boundaries and all.
 """
 
 from __future__ import annotations

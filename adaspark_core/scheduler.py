@@ -30,7 +30,12 @@ from .record import RoundLog, RoundRecord, Timing
 from .tree import ANCHOR, NGRAM, PICK, SIBLING, Candidate
 
 MAX_CHAIN_DEPTH = 32  # n-gram chains stop 32 tokens below the anchor (Table 14)
-MAX_ALTS = 3  # sibling n-gram chains per round where earlier occurrences continue differently
+# Sibling n-gram chains per round where earlier occurrences continue differently. One, not three:
+# on trace simulations of the bench workload (adaspark simulate, this machine's verify times) the
+# first-N ratio over ar was 1.50x (96-token replies) and 1.71x (256) with one, 1.50x and 1.68x with
+# three, 1.49x and 1.67x with none, while each further chain adds up to 8 candidates that every
+# round drafts, prices, plans and logs (host time the CPU pays on every candidate round).
+MAX_ALTS = 1
 
 STOP, LENGTH, CONTEXT = "stop", "length", "context"
 
