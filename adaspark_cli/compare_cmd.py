@@ -174,6 +174,7 @@ def simulate(
     from adaspark_cli.compare_report import tables
     from adaspark_cli.main import reported
     from adaspark_core import tracesim
+    from adaspark_core.errors import InputError
     from adaspark_core.scheduler import parse_arm
     from adaspark_core.stats import summarize
 
@@ -181,9 +182,9 @@ def simulate(
         names = [parse_arm(a).name for a in arms.split(",") if a.strip()]
         names = ["ar"] + [a for a in names if a != "ar"]
         if len(set(names)) != len(names):
-            from adaspark_core.errors import InputError
-
             raise InputError(f"an arm is named twice in --arms {arms!r}")
+        if logs is not None and logs.exists() and not logs.is_dir():
+            raise InputError(f"--logs wants a folder: {logs} is a file")
         cost_table = tracesim.MeasuredCosts(costs)
         workload = tracesim.read_traces(traces)
         replies = tracesim.simulate(workload, names, cost_table, warm=warm, log_dir=logs, seed=seed)

@@ -88,6 +88,8 @@ def test_bad_traces_and_costs_get_one_line(tmp_path):
     assert_one_error_line(adaspark("simulate", tmp_path / "missing.jsonl", "--costs", FIXTURE_LOG), "cannot read")
     assert_one_error_line(adaspark("simulate", good, "--costs", good), "")
     assert_one_error_line(adaspark("simulate", good, "--costs", FIXTURE_LOG, "--arms", "ar,nope"), "unknown arm")
+    assert_one_error_line(adaspark("simulate", good, "--costs", FIXTURE_LOG, "--arms", "chain:3,chain:3"), "twice")
+    assert_one_error_line(adaspark("simulate", good, "--costs", FIXTURE_LOG, "--logs", good), "is a file")
 
 
 def test_simulate_command_prints_compare_tables(tmp_path):
