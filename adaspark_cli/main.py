@@ -157,9 +157,12 @@ def replay(
     log = logs[-1]
     with reported():
         try:
-            records = [r for p in logs for r in read_log(p)]
+            def cut(message: str) -> None:
+                sys.stderr.write(f"adaspark: {message}\n")
+
+            records = [r for p in logs for r in read_log(p, cut)]
             _, rep = run_replay(records, check=not no_check)
-            cost_records = [r for p in costs or [] for r in read_log(p)]
+            cost_records = [r for p in costs or [] for r in read_log(p, cut)]
         except ReplayMismatch as e:
             raise InputError(f"{log}: {e} (is the log from another version? --no-check goes on)") from None
         except ValueError as e:

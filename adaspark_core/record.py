@@ -128,16 +128,24 @@ class RoundLog:
         self.close()
 
 
-def read_log(path: str | os.PathLike) -> Iterator[RoundRecord]:
+def read_log(path: str | os.PathLike, on_cut: Callable[[str], None] | None = None) -> Iterator[RoundRecord]:
     """Yield the records of a round log, upgraded to the current schema.
 
-    Raises ValueError naming the line for a line that is not a record.
+    A last line that is not a record and has no newline was cut by a crash while it was written
+    (RoundLog writes each line whole, newline included, so nothing else leaves one): it is left out
+    and ``on_cut`` is told so. Raises ValueError naming the line for any other line that is not a
+    record.
     """
     with open(Path(path), "rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                yield RoundRecord.from_json(orjson.loads(line))
+                rec = RoundRecord.from_json(orjson.loads(line))
             except (orjson.JSONDecodeError, TypeError, ValueError, KeyError) as e:
+                if not line.endswith(b"\n"):  # only the last line can lack one
+                    if on_cut is not None:
+                        on_cut(f"{path}:{lineno}: the last line is cut short (a crash while it was written?): left out")
+                    return
                 raise ValueError(f"{path}:{lineno}: not a round record ({e})") from None
+            yield rec

@@ -144,6 +144,24 @@ def test_replay_reports_on_the_fixture_log():
     assert 0 <= ng["acceptance_rate"]["ngram"] <= 1
 
 
+def test_replay_reads_a_log_whose_last_line_a_crash_cut(tmp_path):
+    """A crash while the log is written can only cut its last line (no newline after it): replay
+    says so on stderr and replays the rest. A broken line anywhere else is still an error."""
+    lines = FIXTURE_LOG.read_bytes().splitlines(keepends=True)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+    whole = tmp_path / "whole.jsonl"
+    whole.write_bytes(b"".join(lines[:-1]))
+    for flags in ((), ("--no-check",)):
+        res = adaspark("replay", cut, "--json", *flags)
+        assert res.returncode == 0, res.stderr
+        assert res.stderr.strip() == f"adaspark: {cut}:{len(lines)}: the last line is cut short (a crash while it was written?): left out"
+        assert orjson.loads(res.stdout) == orjson.loads(adaspark("replay", whole, "--json", *flags).stdout)
+    inside = tmp_path / "inside.jsonl"
+    inside.write_bytes(b"".join(lines[:3]) + lines[3][:40] + b"\n" + b"".join(lines[4:]))
+    assert_one_error_line(adaspark("replay", inside), "inside.jsonl:4", "not a round record")
+
+
 def test_replay_bad_input(tmp_path):
     assert_one_error_line(adaspark("replay", tmp_path / "none.jsonl"), "not found")
     bad = tmp_path / "bad.jsonl"
