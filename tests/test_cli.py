@@ -62,6 +62,12 @@ def test_prompt_longer_than_the_context():
 
 
 @pytest.mark.model
+def test_a_context_past_32_bits_is_refused_before_llama_cpp_sees_it():
+    # 2^32 + 16 once reached llama.cpp as 16 and aborted the process (exit 134, a backtrace on stdout)
+    assert_one_error_line(adaspark("decode", PROMPTS / "story.txt", "--n-ctx", 2**32 + 16), "4294967312", "at most 4294967295")
+
+
+@pytest.mark.model
 def test_json_output_and_log(tmp_path):
     log = tmp_path / "rounds.jsonl"
     res = adaspark("decode", PROMPTS / "rewrite.txt", "--arm", "tree:8", "--max-tokens", 40, "--json", "--log", log)

@@ -43,6 +43,7 @@ GGUF_MAGIC = b"GGUF"
 # rows or more computes each row bit for bit as a one-batch re-score does (paper 3.5: only the
 # one-row kernel differs).
 MAX_SEQ = 256  # LLAMA_MAX_SEQ in the vendored llama.cpp
+UINT32_MAX = 2**32 - 1  # llama.cpp's context sizes are uint32_t
 
 _backend_ready = False
 _quiet_log = None  # keeps the ctypes callback alive
@@ -263,6 +264,10 @@ class LlamaTarget(_FreedWithObject):
         self.model = model
         self.n_vocab = model.n_vocab
         self.n_ctx = int(n_ctx or min(model.n_ctx_train or 4096, 8192))
+        if self.n_ctx > UINT32_MAX:
+            # llama.cpp's n_ctx is a uint32_t: ctypes would cut the value to its low 32 bits (2^32 +
+            # 16 became 16, and llama.cpp aborted the process), so refuse it before it gets there.
+            raise InputError(f"a context of {self.n_ctx} tokens is more than llama.cpp can hold (at most {UINT32_MAX})")
         self.max_width = max_width
         self.supports_trees = not model.recurrent
         threads = threads or default_threads()
