@@ -122,15 +122,15 @@ class Lookahead:
     def __init__(self, cands: list[dict], order: list[int], prices: dict[int, float], rho: float, d: float):
         self.qs, self.held = spine(cands, order)
         self.g = continuation_values(self.qs, prices, rho, d) if self.qs else [0.0]
+        # L for every count m of spine nodes a prefix can hold: P(first m accepted) q_m G[m + 1].
+        self.by_held, p = [], 1.0
+        for m, q in enumerate(self.qs):
+            self.by_held.append(p * q * self.g[m + 1])
+            p *= q
+        self.by_held.append(0.0)  # the whole spine verified: nothing left to a later round
 
     def __call__(self, n: int) -> float:
-        m = at(self.held, n)
-        if m >= len(self.qs):
-            return 0.0
-        p = 1.0
-        for q in self.qs[:m]:
-            p *= q
-        return p * self.qs[m] * self.g[m + 1]
+        return self.by_held[at(self.held, n)]
 
 
 def at(xs: list, n: int):

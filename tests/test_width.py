@@ -8,7 +8,7 @@ from collections import Counter
 import orjson
 import pytest
 
-from adaspark_core.chooser import AdaptiveWidth, Lookahead, continuation_values, expected_sums
+from adaspark_core.chooser import AdaptiveWidth, continuation_values, expected_sums
 from adaspark_core.cost import CostModel, band_of
 from adaspark_core.engine.sim import CURVES, expected_tokens, make_sim
 from adaspark_core.record import RoundLog, RoundRecord, Timing, read_log
@@ -243,7 +243,6 @@ def test_a_narrow_verify_of_a_long_chain_keeps_the_option_a_wide_one_spends():
     vals, _ = ch.scores(prices, s, 0.0, 500, ahead)
     assert max(myopic, key=myopic.get) == 32 and max(vals, key=vals.get) < 32
     assert ahead(32) == 0.0 and ahead(1) > ahead(4) > 0.0  # a full verify leaves nothing behind
-    assert isinstance(ahead, Lookahead)
 
 
 class SimpleRecord:
