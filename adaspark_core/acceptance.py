@@ -304,7 +304,7 @@ class AcceptanceModel:
         and learned with the q of their round's start, as the verified ones are, but they leave
         the request's intercept and offset alone: they come in bursts of correlated nodes from
         one passage, long after the rounds they speak of (on trace simulations of the bench
-        workload, letting them move the intercept cost 2%)."""
+        workload, letting them move the intercept cost 3%)."""
         cands = rec.candidates
         score = RoundScore()
         if self._pending and self._pending[0][0].request != rec.request:
