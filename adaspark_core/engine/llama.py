@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import time
 from pathlib import Path
 
@@ -203,11 +204,71 @@ class LlamaModel:
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         """Tokens of ``messages`` rendered with the model's own chat template, ready for the
-        assistant's reply. InputError if the model has no chat template (use raw mode)."""
+        assistant's reply. InputError if the model has no chat template (use raw mode).
+
+        Only the template's own markup may become control tokens. Message text is plain text: a
+        user who writes ``<|im_end|>`` gets those characters, not the end of their turn (else any
+        message could open a system turn). The template is rendered once more with a unique mark
+        in place of each message's text, which splits the prompt into markup and message text.
+        The markup's control tokens cut the prompt into the same raw-text runs that llama.cpp's
+        own tokenizer would cut it into, and each run is tokenized with special parsing off, so a
+        prompt without control-token text in its messages gets exactly the tokens of the whole
+        rendered text (and the same as llama-cpp-python's ``create_chat_completion``)."""
         if not self.chat_template:
             raise InputError(f"{self.path.name} has no chat template; use --raw to send the text as is")
         text = self._render_jinja(messages)
-        return self.tokenize(text, special=True, add_bos=False)
+        nonce = os.urandom(8).hex()
+        masked = self._render_jinja([{**m, "content": f"<{nonce}:{i}>"} for i, m in enumerate(messages)])
+        parts = re.split(f"<{nonce}:(\\d+)>", masked)  # markup, index, markup, index, ..., markup
+        contents = [messages[int(i)]["content"] for i in parts[1::2]]
+        if "".join(x for pair in zip(parts[::2], contents + [""]) for x in pair) != text:
+            # The template rewrites message text (trims it, splits it): the marks do not show
+            # where the text went. Plain text in that case only if it holds no control tokens.
+            if any(self.tokenize(c, special=True, add_bos=False) != self.tokenize(c, special=False, add_bos=False)
+                   for c in contents):
+                raise InputError(f"the chat template of {self.path.name} rewrites message text, so a message "
+                                 f"holding control-token text cannot be kept as plain text; use --raw")
+            return self.tokenize(text, special=True, add_bos=False)
+        pieces: list[str | int] = []  # raw text and the markup's control tokens, in order
+        for k, markup in enumerate(parts[::2]):
+            pieces += self._split_markup(markup)
+            if k < len(contents):
+                pieces.append(contents[k])
+        tokens: list[int] = []
+        run = ""
+        for p in pieces + [-1]:
+            if isinstance(p, str):
+                run += p
+                continue
+            if run:
+                tokens += self.tokenize(run, special=False, add_bos=False)
+            run = ""
+            if p >= 0:
+                tokens.append(p)
+        return tokens
+
+    def _split_markup(self, markup: str) -> list[str | int]:
+        """``markup`` as its raw-text pieces and the control tokens llama.cpp finds in it. A
+        token that strips whitespace beside it (the LSTRIP/RSTRIP attributes) takes it along."""
+        out: list[str | int] = []
+        at = 0
+        for tok in self.tokenize(markup, special=True, add_bos=False):
+            attr = L.llama_vocab_get_attr(self.vocab, tok)
+            if not attr & (L.LLAMA_TOKEN_ATTR_CONTROL | L.LLAMA_TOKEN_ATTR_UNKNOWN):
+                continue
+            word = self.piece_special(tok).decode(errors="replace")
+            found = markup.find(word, at)
+            if not word or found < 0:  # cannot place it: keep the markup's own tokens whole
+                return list(self.tokenize(markup, special=True, add_bos=False))
+            raw = markup[at:found]
+            if attr & L.LLAMA_TOKEN_ATTR_LSTRIP:
+                raw = raw.rstrip()
+            out += [raw, tok]
+            at = found + len(word)
+            if attr & L.LLAMA_TOKEN_ATTR_RSTRIP:
+                at += len(markup[at:]) - len(markup[at:].lstrip())
+        out.append(markup[at:])
+        return out
 
     def _render_jinja(self, messages: list[dict]) -> str:
         # The model's own Jinja template, as llama-cpp-python's high-level API renders it, so the
