@@ -9,7 +9,8 @@ Which store: ``--store PATH`` names the file; otherwise it is the default store 
 not learn into it); with ``--model`` or ``--drafter`` as well the store must be that model's.
 ``import`` always checks the file against a model's fingerprint (``--model``, default: the
 default model). A store that is corrupt, of an unknown schema or of another model is one error
-line, exit code 2, and is never modified.
+line, exit code 2, and is never modified; so is one whose learned state is damaged or has a field
+this version does not know (``show`` and ``import`` restore it with learned.Learners.from_store).
 """
 
 from __future__ import annotations
@@ -213,6 +214,7 @@ def import_(
     same fingerprint (model, drafter, machine); a different store already in place is kept. --force
     overrides both. Written atomically; FILE is not modified."""
     from adaspark_core import store as sm
+    from adaspark_core.learned import Learners
 
     fail, reported = _cli()
     hint = "nothing was imported"
@@ -221,6 +223,7 @@ def import_(
         if file.is_dir():
             raise InputError(f"{file} is a directory, not a store file; {hint}")
         src, _ = read_store(file, None, hint=hint)
+        Learners.from_store(src, hint=hint)  # a damaged learner section is refused here, not at the next decode
         foreign = not sm.same_fingerprint(src.fingerprint, fp)
         if foreign and not force:  # read it again against fp: the mismatch error names the fields
             read_store(file, fp, hint=hint + " (use --force to import it anyway)")

@@ -48,6 +48,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+from .checks import count, fields
 from .ngram import evidence_bin
 from .online import AdaGradScalar, Decayed, GatedFTRL
 from .tree import ANCHOR, NGRAM, PICK, SIBLING, hindsight_path
@@ -391,11 +392,16 @@ class AcceptanceModel:
                 "requests": self.requests}
 
     @classmethod
-    def from_state(cls, st: dict, params: AcceptParams | None = None, fitted_allowed: bool = True) -> "AcceptanceModel":
+    def from_state(cls, st: dict, params: AcceptParams | None = None, fitted_allowed: bool = True,
+                   path: str = "acceptance") -> "AcceptanceModel":
+        """Restore a ``state()``, each part checked by its own ``load`` (checks.py)."""
+        # A store written before the hindsight labels also counts exploration rows ("explore_count"): not read.
+        fields(st, path, ("coef", "buckets", "guard", "requests"), legacy=("explore_count",))
         m = cls(params, fitted_allowed)
-        m.coef.load(st["coef"])
-        m.buckets.load(st["buckets"])
-        m.guard_head.load(st["guard"]["head"])
-        m.guard_fitted.load(st["guard"]["fitted"])
-        m.requests = int(st["requests"])
+        m.coef.load(st["coef"], f"{path}.coef")
+        m.buckets.load(st["buckets"], f"{path}.buckets")
+        guard = fields(st["guard"], f"{path}.guard", ("head", "fitted"))
+        m.guard_head.load(guard["head"], f"{path}.guard.head")
+        m.guard_fitted.load(guard["fitted"], f"{path}.guard.fitted")
+        m.requests = count(st["requests"], f"{path}.requests")
         return m

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cost import CostModel, band_of
+from .checks import count, fields, int_key, mapping
+from .cost import MAX_BAND, MAX_WIDTH, CostModel, band_of
 from .online import Decayed
 from .tree import ANCHOR, products
 
@@ -217,11 +218,17 @@ class Chooser:
                 "incumbent": self.incumbent, "held": self.held}
 
     @classmethod
-    def from_state(cls, st: dict, params: ChooserParams | None = None) -> "Chooser":
+    def from_state(cls, st: dict, params: ChooserParams | None = None, path: str = "chooser") -> "Chooser":
+        """Restore a ``state()``, checked (checks.py): bands are context bands (cost.band_of), the
+        incumbent null or a width the cost model can offer."""
         # A store written before the lookahead also holds the gains ("gains"): not read.
+        fields(st, path, ("bands", "incumbent", "held"), legacy=("gains",))
         ch = cls(params)
-        ch.bands = {int(b): Decayed(ch.p.half_life).load(d) for b, d in st["bands"].items()}
-        ch.incumbent, ch.held = st["incumbent"], int(st["held"])
+        ch.bands = {int_key(b, f"{path}.bands", 0, MAX_BAND): Decayed(ch.p.half_life).load(d, f"{path}.bands.{b}")
+                    for b, d in mapping(st["bands"], f"{path}.bands").items()}
+        inc = st["incumbent"]
+        ch.incumbent = None if inc is None else count(inc, f"{path}.incumbent", 1, MAX_WIDTH)
+        ch.held = count(st["held"], f"{path}.held")
         return ch
 
 
@@ -296,5 +303,7 @@ class AdaptiveWidth:
         return {"cost": self.cost.state(), "chooser": self.chooser.state()}
 
     @classmethod
-    def from_state(cls, st: dict) -> "AdaptiveWidth":
-        return cls(CostModel.from_state(st["cost"]), Chooser.from_state(st["chooser"]))
+    def from_state(cls, st: dict, path: str = "width") -> "AdaptiveWidth":
+        fields(st, path, ("cost", "chooser"))
+        return cls(CostModel.from_state(st["cost"], path=f"{path}.cost"),
+                   Chooser.from_state(st["chooser"], path=f"{path}.chooser"))

@@ -15,9 +15,17 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from .checks import array, count, fields, int_key, mapping, number, numbers
 from .online import FTRL
 
 LADDER = (1, 2, 4, 8, 16, 32, 64)  # the paper's ladder plus width 1 (plain decoding on a CPU)
+# The widest width the table can hold: a split falls between two widths and a width the sources
+# cannot fill moves below itself (CostModel.split, _short), so no width exceeds the ladder's top.
+MAX_WIDTH = max(LADDER)
+# A context is a token count in a llama.cpp context, whose size is a uint32_t; its band
+# (band_of: its bit length) is then at most 32.
+MAX_CONTEXT = 2**32 - 1
+MAX_BAND = MAX_CONTEXT.bit_length()
 
 
 def basis(c: float, unit: float) -> list[float]:
@@ -142,12 +150,29 @@ class Law:
         return {"ftrl": self.ftrl.state(), "first": self.first, "lowest": lowest, "samples": self.samples,
                 "bank": {str(b): s for b, s in self.bank.items()}}
 
-    def load(self, st: dict) -> "Law":
-        self.ftrl.load(st["ftrl"])
-        self.first = [float(v) for v in st["first"]]
-        self.lowest = math.inf if st["lowest"] is None else float(st["lowest"])
-        self.samples = int(st["samples"])
-        self.bank = {int(b): [(int(c), float(ms)) for c, ms in s] for b, s in st["bank"].items()}
+    def load(self, st: dict, path: str = "law") -> "Law":
+        """Restore a ``state()``, checked. Times are verify times in ms, > 0 (a zero would be a
+        zero scale, and the law divides by it). ``first`` holds the first three of ``samples``;
+        ``lowest`` is null (no time yet: infinity) exactly while there are none. The bank holds
+        at most ``bank_size`` (context, ms) per context band."""
+        fields(st, path, ("ftrl", "first", "lowest", "samples", "bank"))
+        self.ftrl.load(st["ftrl"], f"{path}.ftrl")
+        self.samples = count(st["samples"], f"{path}.samples")
+        self.first = numbers(st["first"], f"{path}.first", 0.0, positive=True, length=min(self.samples, 3))
+        if self.samples == 0:
+            if st["lowest"] is not None:
+                raise ValueError(f"{path}.lowest is {st['lowest']!r}, not null: {path}.samples is 0")
+            self.lowest = math.inf
+        else:
+            self.lowest = number(st["lowest"], f"{path}.lowest", 0.0, positive=True)
+        self.bank = {}
+        for b, s in mapping(st["bank"], f"{path}.bank").items():
+            at = f"{path}.bank.{b}"
+            entries = array(s, at, min_len=1, max_len=self.p.bank_size)
+            pairs = [array(x, f"{at}.{i}", length=2) for i, x in enumerate(entries)]
+            self.bank[int_key(b, f"{path}.bank", 0, MAX_BAND)] = [
+                (count(c, f"{at}.{i}.0", 0, MAX_CONTEXT), number(ms, f"{at}.{i}.1", 0.0, positive=True))
+                for i, (c, ms) in enumerate(pairs)]
         return self
 
 
@@ -335,16 +360,29 @@ class CostModel:
         }
 
     @classmethod
-    def from_state(cls, st: dict, params: CostParams | None = None) -> "CostModel":
+    def from_state(cls, st: dict, params: CostParams | None = None, path: str = "cost") -> "CostModel":
+        """Restore a ``state()``, checked (checks.py). D times are draft times in ms, >= 0 (with
+        no model drafter D is host time and can round to 0), at most the 8 the window keeps. A
+        class's width is in 1 .. the ladder's top (see ``MAX_WIDTH``); its ``widest_short`` is the
+        widest tree of a round too narrow for it, so below it (it becomes a width in _short). A
+        level window holds 1 to ``level_window`` ratios of a positive time over a positive law."""
         m = cls(params)
-        m.rounds = int(st["rounds"])
-        m.d_recent.extend(float(d) for d in st["d_recent"])
+        fields(st, path, ("rounds", "d_recent", "classes"))
+        m.rounds = count(st["rounds"], f"{path}.rounds")
+        m.d_recent.extend(numbers(st["d_recent"], f"{path}.d_recent", 0.0, max_len=m.d_recent.maxlen))
         m.classes = {}
-        for w, ks in st["classes"].items():
-            k = WidthClass(int(w), m.p)
-            k.count, k.d_ref = int(ks["count"]), float(ks["d_ref"])
-            k.short, k.widest_short = int(ks["short"]), int(ks["widest_short"])
-            k.level = {int(b): deque((float(x) for x in v), maxlen=m.p.level_window) for b, v in ks["level"].items()}
-            k.law.load(ks["law"])
-            m.classes[int(w)] = k
+        top = max(m.p.ladder)
+        for w, ks in mapping(st["classes"], f"{path}.classes").items():
+            at = f"{path}.classes.{w}"
+            k = WidthClass(int_key(w, f"{path}.classes", 1, top), m.p)
+            fields(ks, at, ("count", "d_ref", "short", "level", "widest_short", "law"))
+            k.count, k.short = count(ks["count"], f"{at}.count"), count(ks["short"], f"{at}.short")
+            k.d_ref = number(ks["d_ref"], f"{at}.d_ref", 0.0)
+            k.widest_short = count(ks["widest_short"], f"{at}.widest_short", 0, k.top - 1)
+            k.level = {int_key(b, f"{at}.level", 0, MAX_BAND):
+                       deque(numbers(v, f"{at}.level.{b}", 0.0, positive=True, min_len=1, max_len=m.p.level_window),
+                             maxlen=m.p.level_window)
+                       for b, v in mapping(ks["level"], f"{at}.level").items()}
+            k.law.load(ks["law"], f"{at}.law")
+            m.classes[k.top] = k
         return m

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from operator import mul
 
+from .checks import count, fields, mapping, number, numbers
+
 
 class FTRL:
     """Per-coordinate FTRL-Proximal on a linear model w . x.
@@ -63,10 +65,14 @@ class FTRL:
     def state(self) -> dict:
         return {"z": list(self.z), "n": list(self.n)}
 
-    def load(self, state: dict) -> "FTRL":
-        self.z = [float(v) for v in state["z"]]
-        self.n = [float(v) for v in state["n"]]
-        self._w = None
+    def load(self, state: dict, path: str = "ftrl") -> "FTRL":
+        """Restore a ``state()``, checked (checks.py): one z and one n per coordinate (a shorter
+        vector fails at the next update), n an accumulated squared gradient, so in [0, n_cap]."""
+        fields(state, path, ("z", "n"))
+        dim = len(self.z)
+        z = numbers(state["z"], f"{path}.z", length=dim)
+        n = numbers(state["n"], f"{path}.n", 0.0, self.n_cap, length=dim)
+        self.z, self.n, self._w = z, n, None
         return self
 
 
@@ -92,8 +98,12 @@ class Decayed:
     def state(self) -> dict:
         return {"x": self.x, "y": self.y, "count": self.count}
 
-    def load(self, state: dict) -> "Decayed":
-        self.x, self.y, self.count = float(state["x"]), float(state["y"]), int(state["count"])
+    def load(self, state: dict, path: str = "decayed") -> "Decayed":
+        """Restore a ``state()``, checked: x and y are decayed sums of non-negative steps (tokens
+        and ms, node losses and nodes), so >= 0; count counts updates."""
+        fields(state, path, ("x", "y", "count"))
+        self.x, self.y = number(state["x"], f"{path}.x", 0.0), number(state["y"], f"{path}.y", 0.0)
+        self.count = count(state["count"], f"{path}.count")
         return self
 
 
@@ -153,11 +163,23 @@ class GatedFTRL:
     def state(self) -> dict:
         return {"z": dict(self.z), "n": dict(self.n), "v": dict(self.v), "m": dict(self.m)}
 
-    def load(self, state: dict) -> "GatedFTRL":
-        self.z = {k: float(v) for k, v in state["z"].items()}
-        self.n = {k: float(v) for k, v in state["n"].items()}
-        self.v = {k: float(v) for k, v in state["v"].items()}
-        self.m = {k: int(v) for k, v in state["m"].items()}
+    def load(self, state: dict, path: str = "gated") -> "GatedFTRL":
+        """Restore a ``state()``, checked: an update sets all four of a coordinate's entries, so
+        z, n, v and m have the same keys (``weight`` reads n of every key of z); n is the capped
+        sum of squared gradients, in [0, n_cap], v the uncapped one, >= 0; m counts the
+        coordinate's updates, >= 1 since it exists."""
+        fields(state, path, ("z", "n", "v", "m"))
+        keys = set(mapping(state["z"], f"{path}.z"))
+        for name in ("n", "v", "m"):
+            other = set(mapping(state[name], f"{path}.{name}"))
+            if other != keys:
+                k = min(other ^ keys)
+                raise ValueError(f"{path}.{name if k in other else 'z'} has the coordinate {k!r}, "
+                                 f"{path}.{'z' if k in other else name} has not")
+        self.z = {k: number(x, f"{path}.z.{k}") for k, x in state["z"].items()}
+        self.n = {k: number(x, f"{path}.n.{k}", 0.0, self.n_cap) for k, x in state["n"].items()}
+        self.v = {k: number(x, f"{path}.v.{k}", 0.0) for k, x in state["v"].items()}
+        self.m = {k: count(x, f"{path}.m.{k}", 1) for k, x in state["m"].items()}
         self._w = {}
         return self
 
