@@ -11,6 +11,7 @@ from typing import List, Optional
 import orjson
 import typer
 
+RESULTS = "compare.json"
 DEFAULT_ARMS = "ar,pld:3,pld:10,chain:3,tree:16,cost,adaspark,pinned:4,pinned:8,pinned:16"
 
 
@@ -42,6 +43,7 @@ def compare(
     from adaspark_cli.main import load_engine, reported
     from adaspark_core import compare as cmp
     from adaspark_core.errors import InputError
+    from adaspark_core.files import landing
     from adaspark_core.stats import summarize
 
     with reported():
@@ -50,6 +52,8 @@ def compare(
         convs = load_workload(sets, subset, max_turns)
         if logs is not None and logs.exists() and not logs.is_dir():
             raise InputError(f"--logs wants a folder: {logs} is a file")
+        if out is not None:  # found unwritable now, not after the whole run
+            landing(out / RESULTS)
         lm, target, the_drafter = load_engine(model, n_ctx, threads, drafter, block, top_k)
 
         def llama():
@@ -134,7 +138,8 @@ def write_results(out: Path, replies, summary, lm, drafter, arms, settings) -> N
     """compare.json: enough to report the run and re-plot it."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from adaspark_core.store import write_atomic, fingerprint
+    from adaspark_core.files import replace
+    from adaspark_core.store import fingerprint
 
     def ver(pkg):
         try:
@@ -153,8 +158,7 @@ def write_results(out: Path, replies, summary, lm, drafter, arms, settings) -> N
         "summary": summary,
         "replies": replies,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "compare.json", orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    replace(out / RESULTS, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
 
 
 def simulate(

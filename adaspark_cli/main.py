@@ -12,7 +12,7 @@ from typing import Optional
 import orjson
 import typer
 
-from adaspark_core.errors import InputError
+from adaspark_core.errors import InputError, OutputError
 
 app = typer.Typer(
     add_completion=False,
@@ -33,12 +33,15 @@ def fail(message: str) -> None:
 
 @contextmanager
 def reported():
-    """Turn the core's input errors into one line and exit code 2; end quietly when the reader
-    of stdout goes away (``| head``) or the user interrupts."""
+    """Turn the core's input errors into one line and exit code 2 (output errors: exit code 1);
+    end quietly when the reader of stdout goes away (``| head``) or the user interrupts."""
     try:
         yield
     except InputError as e:
         fail(str(e))
+    except OutputError as e:
+        typer.echo(f"adaspark: error: {e}", err=True)
+        raise typer.Exit(1)
     except BrokenPipeError:
         # Point stdout at devnull so the interpreter's final flush does not fail again.
         import os
@@ -52,18 +55,32 @@ def reported():
 
 def read_prompt(path: str) -> str:
     if path == "-":
-        text = sys.stdin.read()
+        if sys.stdin is None:
+            fail("stdin is closed: give the prompt on stdin or name a prompt file")
+        raw, what = sys.stdin.buffer.read(), "stdin"
     else:
         p = Path(path)
-        if not p.is_file():
-            fail(f"prompt file not found: {p}")
+        if p.is_dir():
+            fail(f"the prompt {p} is a directory; name a text file")
         try:
-            text = p.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            fail(f"prompt file is not UTF-8 text: {p}")
+            raw, what = p.read_bytes(), f"prompt file {p}"
+        except FileNotFoundError:
+            fail(f"prompt file not found: {p}")
+        except OSError as e:
+            fail(f"cannot read the prompt file {p}: {e.strerror or e}")
+    text = utf8(raw, what)
     if not text.strip():
         fail(f"prompt is empty: {path}")
     return text
+
+
+def utf8(raw: bytes | str, what: str) -> str:
+    """``raw`` as text; one error line if it is not UTF-8 (a command-line argument that is not
+    reaches Python as a str holding lone surrogates)."""
+    try:
+        return raw.decode("utf-8") if isinstance(raw, bytes) else raw.encode("utf-8").decode("utf-8")
+    except UnicodeError:
+        fail(f"{what} is not UTF-8 text")
 
 
 def histogram(counts: dict) -> str:
@@ -95,6 +112,7 @@ def decode(
     from adaspark_core.scheduler import Generation, parse_arm
 
     text = read_prompt(prompt_file)
+    system = utf8(system, "--system") if system is not None else None
     with reported():
         the_arm = parse_arm(arm)
         lm, target, the_drafter = load_engine(model, n_ctx, threads, drafter, block, top_k)
@@ -107,10 +125,7 @@ def decode(
         learners = learned[1] if learned else None
         gen = Generation(target, prompt, the_arm, max_tokens, request_id=Path(prompt_file).name, learners=learners,
                          drafter=the_drafter)
-        try:
-            gen.log = RoundLog(log) if log else None
-        except OSError as e:
-            raise InputError(f"cannot write the round log {log}: {e.strerror}") from None
+        gen.log = RoundLog(log) if log else None
         try:
             text_out = stream(gen, lm.piece, to=None if as_json else sys.stdout)
         finally:
@@ -259,5 +274,46 @@ app.command("simulate")(simulate)
 app.add_typer(store_app, name="store")
 app.command("inspect-store")(inspect_store)
 
+
+def main(args: list[str] | None = None) -> None:
+    """The console entry point. Usage errors (a bad option value, an unknown option) are one
+    line on stderr and exit code 2, as the core's input errors are: Typer's boxes are for
+    ``--help``, not for a pipeline's log. Standard streams closed by the caller are put on
+    /dev/null first, so no file the run opens takes their numbers."""
+    import os
+
+    closed = [fd for fd in (0, 1, 2) if not _is_open(fd)]
+    for fd in closed:
+        os.dup2(os.open(os.devnull, os.O_RDWR), fd)
+    if 2 in closed:
+        sys.stderr = open(os.devnull, "w")
+    if 1 in closed:
+        sys.stderr.write("adaspark: error: stdout is closed: give the output somewhere to go (> FILE)\n")
+        sys.exit(2)
+    try:
+        code = app(args=args, standalone_mode=False)
+    except typer.TyperException as e:  # Click's usage errors
+        if type(e).__name__ == "NoArgsIsHelpError":  # `adaspark` alone: the help, as --help
+            e.show()
+        else:
+            ctx = getattr(e, "ctx", None)
+            see = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            sys.stderr.write(f"adaspark: error: {' '.join(e.format_message().split())}{see}\n")
+        sys.exit(getattr(e, "exit_code", 2))
+    except typer.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _is_open(fd: int) -> bool:
+    import os
+
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
 if __name__ == "__main__":
-    app()
+    main()

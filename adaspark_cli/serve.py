@@ -24,7 +24,7 @@ from typing import Optional
 import orjson
 import typer
 
-from adaspark_core.errors import InputError
+from adaspark_core.errors import InputError, OutputError
 
 
 class Shutdown(Exception):
@@ -68,18 +68,17 @@ def serve_stdin(
 ) -> None:
     """Serve requests read as JSON lines on stdin, one at a time, answering in JSON lines on
     stdout. A request: {"id", "prompt" (raw text) or "messages" (chat), "max_tokens", "stream"}."""
-    from adaspark_cli.main import load_engine, open_learned, reported, save_learned
+    from adaspark_cli.main import fail, load_engine, open_learned, reported, save_learned
     from adaspark_core.record import RoundLog
     from adaspark_core.scheduler import parse_arm
 
+    if sys.stdin is None:
+        fail("stdin is closed: serve-stdin reads its requests there")
     with reported():
         the_arm = parse_arm(arm)
         lm, target, the_drafter = load_engine(model, n_ctx, threads, drafter, block, top_k)
         learned = open_learned(store, lm.path, the_drafter) if the_arm.learns else None
-        try:
-            round_log = RoundLog(log) if log else None
-        except OSError as e:
-            raise InputError(f"cannot write the round log {log}: {e.strerror}") from None
+        round_log = RoundLog(log) if log else None
     server = Server(lm, target, the_drafter, the_arm, learned, round_log, max_tokens, save_learned)
     signals = _Signals()
     signals.install()
@@ -133,6 +132,7 @@ class Server:
 
     def serve(self, req, stop) -> None:
         from adaspark_cli.main import stream
+        from adaspark_core.record import LogWriteError
         from adaspark_core.scheduler import Generation
         from adaspark_core.serving import RequestError
 
@@ -143,19 +143,35 @@ class Server:
         except InputError as e:
             raise RequestError(str(e), req.id) from None
         on_text = (lambda text: _emit({"id": req.id, "delta": text})) if req.stream else None
-        text = stream(gen, self.lm.piece, on_text=on_text, stop=stop)
+        try:
+            text = stream(gen, self.lm.piece, on_text=on_text, stop=stop)
+        except LogWriteError as e:
+            # The round log could not take a round (a full disk): the request ends with an
+            # error, what the learners took from its rounds is saved, and the next request
+            # tries the log again.
+            raise RequestError(f"{e}; the reply was cut after {gen.stats.generated} tokens", req.id) from None
+        finally:
+            if gen.stats.rounds:
+                self._keep(gen.stats.rounds)
         st = gen.stats
-        if self.learned and st.rounds:
-            self._save(self.learned, st.rounds)
         self.served += 1
         stats = st.to_json()
         _emit({"id": req.id, "done": True, "text": text, "finish": gen.finish or "interrupted",
                "prompt_tokens": len(prompt), "stats": stats})
 
+    def _keep(self, rounds: int, requests: int = 1) -> None:
+        """Save the learned state; a store that cannot be written (a full disk) is said on
+        stderr and the server goes on, the learning kept in memory for the next save."""
+        if not self.learned:
+            return
+        try:
+            self._save(self.learned, rounds, requests=requests)
+        except OutputError as e:
+            typer.echo(f"adaspark: warning: {e}", err=True)
+
     def close(self) -> None:
         """Save the learned state (a request's is saved when it ends; this covers a run with none)
         and close the log."""
-        if self.learned:
-            self._save(self.learned, 0, requests=0)
+        self._keep(0, requests=0)
         if self.log:
             self.log.close()

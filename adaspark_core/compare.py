@@ -29,6 +29,7 @@ from typing import Callable
 import orjson
 
 from .errors import InputError
+from .files import replace
 from .learned import Learners
 from .record import RoundLog
 from .scheduler import Arm, Generation, parse_arm
@@ -243,8 +244,7 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
     def open_logs(which: list, warm_pass: bool) -> None:
         for a in which:
             path = log_path(log_dir, a.name, warm_pass)
-            path.write_bytes(b"")  # RoundLog appends: a rerun into the same folder starts afresh
-            a.log = RoundLog(path)
+            a.log = RoundLog(path, fresh=True)  # a rerun into the same folder starts afresh
             logs.append(a.log)
 
     def close_logs() -> None:
@@ -266,7 +266,7 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
         if log_dir is not None:
             open_logs(logged, False)
             traces = Path(log_dir) / TRACES
-            traces.write_bytes(b"")
+            replace(traces, b"")  # started afresh, as the logs are
         records = _pass(convs, arms, chat_prompt, n_ctx, max_tokens, repeat, progress, "", traces)
     finally:
         close_logs()

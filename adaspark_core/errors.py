@@ -1,5 +1,11 @@
-"""Errors the CLI reports as one line with exit code 2 (bad usage or bad input)."""
+"""Errors the CLI reports as one line: exit code 2 for bad usage or bad input, 1 for output that
+could not be written."""
 
 
 class InputError(ValueError):
     """Bad input from the user: a missing file, a non-GGUF model, a prompt too long, a bad option."""
+
+
+class OutputError(Exception):
+    """Output that could not be written (a full disk, a closed pipe): not the user's input, so
+    the CLI exits with 1, after saving what was learned."""

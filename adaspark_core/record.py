@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import Callable, Iterator
 
 import orjson
 
+from .errors import OutputError
+from .files import open_log
 from .schema import apply_upgrades
 
 SCHEMA = 3
@@ -103,23 +105,42 @@ def upgrade(d: dict) -> dict:
     return apply_upgrades(d, UPGRADES, SCHEMA)
 
 
-class RoundLog:
-    """Appends records to a JSON-lines file; each line is written whole and flushed, so a log cut
-    short by a crash loses at most the round being written."""
+class LogWriteError(OutputError):
+    """A round could not be written to the log (a full disk, a closed pipe)."""
 
-    def __init__(self, path: str | os.PathLike | None = None, stream: IO[bytes] | None = None):
-        if (path is None) == (stream is None):
-            raise ValueError("give exactly one of path or stream")
-        self._own = stream is None
-        self._f = open(path, "ab") if stream is None else stream
+
+class RoundLog:
+    """Appends records to a JSON-lines file (opened by files.open_log: a regular file, a FIFO or
+    a character device; emptied first if ``fresh``). Each line goes out in whole ``os.write``
+    calls, unbuffered, so a crash loses at most the round being written; a write that fails
+    (LogWriteError) takes back what it wrote of its line in a regular file, so the log stays
+    readable line by line."""
+
+    def __init__(self, path: str | os.PathLike, *, fresh: bool = False):
+        self.name = str(path)
+        self._fd: int | None = open_log(path, fresh=fresh)
 
     def write(self, rec: RoundRecord) -> None:
-        self._f.write(orjson.dumps(rec.to_json()) + b"\n")
-        self._f.flush()
+        if self._fd is None:
+            raise LogWriteError(f"the round log {self.name} is closed")
+        line = orjson.dumps(rec.to_json()) + b"\n"
+        size = os.fstat(self._fd).st_size
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as e:
+            try:  # only a regular file has a size to go back to
+                if os.fstat(self._fd).st_size > size:
+                    os.ftruncate(self._fd, size)
+            except OSError:
+                pass
+            raise LogWriteError(f"cannot write the round log {self.name}: {e.strerror or e}") from None
 
     def close(self) -> None:
-        if self._own:
-            self._f.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> "RoundLog":
         return self

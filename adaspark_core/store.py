@@ -14,29 +14,39 @@ Each learner owns one section and (de)serialises it itself (``state()`` / ``from
 Invariants:
 - An existing file is never modified or replaced unless it was read and accepted (valid JSON, a
   known schema, the same fingerprint): a bad store is reported with StoreError and left as is.
-- ``save`` is atomic (temp file in the same directory, fsync, ``os.replace``, fsync of the
-  directory): a crash or SIGKILL at any moment leaves either the old or the new file, never a
-  partial one. A killed writer can leave a ``.<name>.*.tmp`` file behind; it is never read.
+- ``save`` is atomic (files.replace: temp file in the same directory, fsync, rename, fsync of
+  the directory): a crash or SIGKILL at any moment leaves either the old or the new file, never a
+  partial one. A killed writer can leave a ``.<name>.*.tmp`` file behind; it is never read. A
+  store that is a symlink is written through to its target; a store path that is a device, a
+  FIFO or a directory is refused at open, before anything is read or decoded.
 - Schema upgrades go through ``UPGRADES``, an append-only list as in record.py.
-- No locking: two processes saving the same store concurrently each write a whole file and the
-  last one wins (the other's updates since its open are lost, never mixed).
+- One process at a time learns into a store. ``open`` takes an advisory lock (``fcntl.flock`` on
+  ``.<name>.lock`` beside the store's file) and holds it until ``close`` or the process ends; a
+  second process is refused with StoreBusy naming the holder's pid. Refusing, not waiting or
+  merging: learned states do not merge (FTRL accumulators and windows of timed samples are not
+  sums), a wait would hang a pipeline behind a server that runs for hours, and a refusal tells
+  the user at once what to change (``--store``). The kernel drops the lock when its holder dies,
+  even by SIGKILL, so no stale lock outlives a crash. Reading (``read``, ``export``) takes no lock.
 """
 
 from __future__ import annotations
 
+import atexit
+import fcntl
 import hashlib
 import os
 import platform
-import tempfile
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
 import orjson
 
-from .errors import InputError
-from .schema import apply_upgrades
+from .errors import InputError, OutputError
+from .files import landing, replace
 from .models import home
+from .schema import apply_upgrades
 
 SCHEMA = 2
 
@@ -54,6 +64,7 @@ def _levels_per_band(d: dict) -> dict:
 # Append-only: UPGRADES[i] maps a store dict of schema i+1 to schema i+2. Never edit an entry.
 UPGRADES: list[Callable[[dict], dict]] = [_levels_per_band]
 
+FIELDS = ("schema", "fingerprint", "updated", "counts", "sections")  # of a store file (to_json)
 _CHUNK = 1 << 20  # hash models in 1 MiB chunks: constant memory for any model size
 _DUMP = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
 _HINT = "it was left as is: move it away or run `adaspark store reset`"
@@ -63,6 +74,10 @@ PathLike = str | os.PathLike
 
 class StoreError(InputError):
     """A store file that is corrupt, of an unknown schema, or of another model or machine."""
+
+
+class StoreBusy(StoreError):
+    """Another process holds the store's lock."""
 
 
 # --- fingerprint -------------------------------------------------------------------------------
@@ -101,8 +116,8 @@ def _model_digest(path: Path, cache: Path) -> str:
     digest = _sha256_file(path)
     entries[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
     try:
-        write_atomic(cache, orjson.dumps(entries, option=_DUMP))
-    except OSError:
+        replace(cache, orjson.dumps(entries, option=_DUMP))
+    except (OSError, InputError):
         pass
     return digest
 
@@ -192,39 +207,81 @@ def _diff(a, b, prefix: str = "") -> list[str]:
     return [] if a == b else [prefix.rstrip(".") or "fingerprint"]
 
 
-# --- file I/O ----------------------------------------------------------------------------------
+# --- the lock ----------------------------------------------------------------------------------
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` by ``data`` so that readers (and a crash) see the old or the new file only.
+class _Lock:
+    """The advisory lock of one store file, shared by every Store this process opens on it (a
+    process may reopen its own store; it is other processes that must not write it).
 
-    The temp file lives in the target's directory because ``os.replace`` is atomic only within a
-    file system. fsync before the replace makes the new bytes durable before the name points at
-    them; fsync of the directory makes the rename itself durable.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-            os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; stores are plain user files
-        os.replace(tmp, path)
-    except BaseException:
+    The lock file holds the holder's pid and goes when the lock is released, so stores leave no
+    litter. Removing a lock file is safe only because a taker checks, once locked, that the name
+    still points at the file it locked (else it locked one that its holder has just removed, and
+    it takes the new one instead)."""
+
+    held: dict[Path, "_Lock"] = {}
+
+    def __init__(self, fd: int, name: Path):
+        self.fd, self.name, self.users = fd, name, 0
+
+    @classmethod
+    def take(cls, real: Path, shown: Path) -> "_Lock":
+        lock = cls.held.get(real)
+        if lock is None:
+            lock = cls.held[real] = cls._take(real.parent / f".{real.name}.lock", shown)
+        lock.users += 1
+        return lock
+
+    @classmethod
+    def _take(cls, name: Path, shown: Path) -> "_Lock":
+        while True:
+            try:
+                fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise StoreError(f"cannot lock the store {shown}: cannot open {name} ({e.strerror or e})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise StoreBusy(f"the store {shown} is in use by another adaspark process (pid {holder}); two "
+                                f"processes learning into one store would lose one's learning: wait for it "
+                                f"to end, or give this one its own --store") from None
+            try:
+                if os.stat(name).st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # its holder removed it between our open and our lock: take the new one
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return cls(fd, name)
+
+    def release(self, real: Path) -> None:
+        self.users -= 1
+        if self.users == 0:
+            del self.held[real]
+            self._drop()
+
+    def _drop(self) -> None:
         try:
-            os.unlink(tmp)
+            os.unlink(self.name)  # while still locked: see the class's comment
         except OSError:
             pass
-        raise
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-    except OSError:  # e.g. platforms where a directory cannot be opened
-        return
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+        os.close(self.fd)  # closing the descriptor drops the flock
+
+    @classmethod
+    def drop_all(cls) -> None:
+        """At exit: remove the lock files of the stores still open (the kernel would drop the
+        locks anyway; this leaves no file behind)."""
+        while cls.held:
+            cls.held.popitem()[1]._drop()
+
+
+atexit.register(_Lock.drop_all)
+
+
+# --- reading -----------------------------------------------------------------------------------
 
 
 def upgrade(d: dict) -> dict:
@@ -236,7 +293,12 @@ def upgrade(d: dict) -> dict:
 
 
 def _check(d: dict) -> None:
-    """Raise ValueError unless ``d`` (already upgraded) has the shape of a store."""
+    """Raise ValueError unless ``d`` (already upgraded) has the shape of a store. A field this
+    version does not know is refused, not dropped at the next save; a section it does not know is
+    kept as it is (no learner here reads or writes it)."""
+    unknown = sorted(set(d) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"has a field this version does not know: {unknown[0]} (written by a newer AdaSpark?)")
     if not isinstance(d.get("fingerprint"), dict):
         raise ValueError("has no fingerprint")
     counts = d.get("counts")
@@ -282,6 +344,17 @@ def _mismatch(path: Path, stored: dict, fp: dict, hint: str) -> StoreError:
     return StoreError(f"store {path} belongs to another model or machine (differs in {fields}); {hint}")
 
 
+@contextmanager
+def _locked(path: PathLike):
+    """Hold the lock of the store at ``path`` for one operation; yields its real file."""
+    real = landing(path)
+    lock = _Lock.take(real, Path(path))
+    try:
+        yield real
+    finally:
+        lock.release(real)
+
+
 # --- the store ---------------------------------------------------------------------------------
 
 
@@ -298,6 +371,7 @@ class Store:
         self.counts = dict(counts or {"requests": 0, "rounds": 0})
         self.sections: dict[str, dict] = dict(sections or {})
         self.updated = updated
+        self._lock: tuple[_Lock, Path] | None = None  # held when opened to learn into (open)
 
     @classmethod
     def open(cls, path: PathLike, fp: dict) -> "Store":
@@ -307,13 +381,35 @@ class Store:
         schema, or has a fingerprint other than ``fp``.
         """
         path = Path(path)
-        raw = _read(path, missing_ok=True)
-        if raw is None:
-            return cls(path, fp)
-        d = _parse(raw, path)
-        if _canonical(d["fingerprint"]) != _canonical(fp):
-            raise _mismatch(path, d["fingerprint"], fp, _HINT)
-        return cls(path, fp, counts=d["counts"], sections=d["sections"], updated=d.get("updated"))
+        real = landing(path)  # a device or a FIFO is refused before it is read
+        lock = _Lock.take(real, path)
+        try:
+            raw = _read(path, missing_ok=True)
+            if raw is None:
+                store = cls(path, fp)
+            else:
+                d = _parse(raw, path)
+                if _canonical(d["fingerprint"]) != _canonical(fp):
+                    raise _mismatch(path, d["fingerprint"], fp, _HINT)
+                store = cls(path, fp, counts=d["counts"], sections=d["sections"], updated=d.get("updated"))
+        except BaseException:
+            lock.release(real)
+            raise
+        store._lock = (lock, real)
+        return store
+
+    def close(self) -> None:
+        """Let other processes open the store (the process's end does as much)."""
+        if self._lock is not None:
+            lock, real = self._lock
+            self._lock = None
+            lock.release(real)
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @classmethod
     def read(cls, path: PathLike, fp: dict | None = None, hint: str = _HINT) -> tuple["Store", object]:
@@ -360,16 +456,22 @@ class Store:
     def save(self) -> None:
         """Write the store atomically (the old file stays intact if anything fails)."""
         self.updated = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        write_atomic(self.path, orjson.dumps(self.to_json(), option=_DUMP))
+        try:
+            replace(self.path, orjson.dumps(self.to_json(), option=_DUMP))
+        except OSError as e:
+            raise OutputError(f"cannot save the store {self.path}: {e.strerror or e} (the file on disk "
+                              f"is as before)") from None
 
     @staticmethod
     def reset(path: PathLike) -> bool:
-        """Delete the store file at ``path`` (nothing else). Returns whether there was one."""
-        try:
-            Path(path).unlink()
-            return True
-        except FileNotFoundError:
-            return False
+        """Delete the store file at ``path`` (nothing else; a symlink stays, the file it names
+        goes). Returns whether there was one. StoreBusy while another process learns into it."""
+        with _locked(path) as real:
+            try:
+                real.unlink()
+                return True
+            except FileNotFoundError:
+                return False
 
     @staticmethod
     def export(path: PathLike, dest: PathLike) -> None:
@@ -377,7 +479,7 @@ class Store:
         path = Path(path)
         raw = _read(path)  # read once: what is checked is what is copied
         _parse(raw, path, hint="nothing was exported")
-        write_atomic(Path(dest), raw)
+        replace(dest, raw)
 
     @staticmethod
     def import_(src: PathLike, path: PathLike, fp: dict, *, force: bool = False) -> "Store":
@@ -393,7 +495,8 @@ class Store:
         if _canonical(d["fingerprint"]) != _canonical(fp) and not force:
             raise _mismatch(src, d["fingerprint"], fp, hint + " (use --force to import it anyway)")
         store = Store(path, fp, counts=d["counts"], sections=d["sections"], updated=d.get("updated"))
-        store.save()
+        with _locked(path):  # never under a process that is learning into the store
+            store.save()
         return store
 
 

@@ -148,8 +148,8 @@ def simulate(traces: list[Trace], arms: list[str], costs: MeasuredCosts, warm: i
         for a in specs:
             for tag in (["warm-"] if warm and a.learns else []) + [""]:
                 p = log_dir / f"{tag}{a.name.replace(':', '_')}.jsonl"
-                p.unlink(missing_ok=True)  # a log of an earlier simulation would replay as this one's
-                logs[tag + a.name] = RoundLog(p)
+                # fresh: a log of an earlier simulation would replay as this one's
+                logs[tag + a.name] = RoundLog(p, fresh=True)
     try:
         for k in range(warm):
             for i, t in enumerate(traces):

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from adaspark_core import store as store_mod
-from adaspark_core.errors import InputError
+from adaspark_core.errors import InputError, OutputError
 from adaspark_core.store import (
     SCHEMA,
     Store,
@@ -44,6 +44,7 @@ def saved_store(path, fp=FP, gen=1):
     st.put("cost", {"gen": gen, "table": [1.0, 2.5]})
     st.bump(requests=1, rounds=gen)
     st.save()
+    st.close()
     return st
 
 
@@ -60,7 +61,9 @@ def test_round_trip_sections_and_counts(tmp_path):
     assert st.get("cost") == expected  # normalised at put: same as after a reopen
     st.save()
 
+    st.close()
     again = Store.open(path, FP)
+    again.close()
     assert again.get("cost") == expected
     assert again.get("chooser") == {"width": 4}
     assert again.get("acceptance") is None
@@ -110,6 +113,7 @@ def good_doc(**over):
         (good_doc(counts={"requests": -1, "rounds": 0}), "bad counts"),
         (good_doc(sections={"cost": [1]}), "bad sections"),
         (good_doc(fingerprint=OTHER_FP), "another model or machine (differs in machine.cpus)"),
+        (good_doc(later={"x": 1}), "a field this version does not know: later"),
     ],
 )
 def test_bad_store_raises_and_is_left_as_is(tmp_path, content, words):
@@ -173,8 +177,9 @@ def test_save_is_atomic_when_replace_fails(tmp_path, monkeypatch):
     st = Store.open(path, FP)
     st.put("cost", {"gen": 2})
     monkeypatch.setattr(os, "replace", crash)
-    with pytest.raises(OSError, match="simulated crash"):
+    with pytest.raises(OutputError, match="simulated crash"):
         st.save()
+    st.close()
     assert path.read_bytes() == old
     assert os.listdir(tmp_path) == ["s.json"]
 
@@ -197,8 +202,8 @@ while True:
 
 def check_consistent(path, n):
     """Open the store (must succeed) and check it is one whole generation; return the generation."""
-    st = Store.open(path, FP)
-    big = st.get("big")
+    with Store.open(path, FP) as st:  # closed: the next child learns into it
+        big = st.get("big")
     gen = big["gen"]
     assert len(big["data"]) == n and set(big["data"]) == {gen + 0.25}
     assert st.counts["rounds"] == gen
@@ -208,9 +213,9 @@ def check_consistent(path, n):
 def test_killed_writer_never_leaves_an_unreadable_store(tmp_path):
     n = 100_000  # about 1.3 MB of JSON, so kills often land inside a write
     path = tmp_path / "s.json"
-    st = Store.open(path, FP)
-    st.put("big", {"gen": 0, "data": [0.25] * n})
-    st.save()
+    with Store.open(path, FP) as st:
+        st.put("big", {"gen": 0, "data": [0.25] * n})
+        st.save()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     rng = random.Random(1234)
     gen = 0
@@ -316,3 +321,15 @@ def test_fingerprint_key_is_canonical():
     shuffled = {"machine": dict(reversed(list(FP["machine"].items()))), "model": FP["model"]}
     assert fingerprint_key(shuffled) == fingerprint_key(FP)
     assert fingerprint_key(OTHER_FP) != fingerprint_key(FP)
+
+
+def test_a_section_this_version_does_not_know_is_kept_through_a_save(tmp_path):
+    from adaspark_core.learned import Learners
+
+    path = tmp_path / "s.json"
+    path.write_bytes(good_doc(sections={"memory": {"ngrams": [1, 2, 3]}}))
+    with Store.open(path, FP) as st:
+        Learners.from_store(st).to_store(st)
+        st.save()
+    sections = orjson.loads(path.read_bytes())["sections"]
+    assert sections["memory"] == {"ngrams": [1, 2, 3]} and {"width", "acceptance"} <= set(sections)

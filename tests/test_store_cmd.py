@@ -74,10 +74,10 @@ def other_model(tmp_path):
 
 def save_store(path, fp, replayed):
     learners, requests, rounds = replayed
-    st = Store.open(path, fp)
-    learners.to_store(st)
-    st.bump(requests=requests, rounds=rounds)
-    st.save()
+    with Store.open(path, fp) as st:  # closed: the commands under test may write it
+        learners.to_store(st)
+        st.bump(requests=requests, rounds=rounds)
+        st.save()
     return path
 
 
@@ -90,7 +90,7 @@ def store(model, replayed):
 
 def restored(path):
     fp = orjson.loads(path.read_bytes())["fingerprint"]
-    st = Store.open(path, fp)
+    st, _ = Store.read(path, fp)
     return st, Learners.from_store(st)
 
 
@@ -226,7 +226,8 @@ def test_affine_fit_known_answer():
 def test_an_empty_store_shows(tmp_path, model):
     fp = fingerprint(model)
     path = tmp_path / "empty.json"
-    Store.open(path, fp).save()
+    with Store.open(path, fp) as st:
+        st.save()
     out = show_json("--store", path, "--model", model)
     assert out["counts"]["requests"] == 0 and out["cost"]["measuring"] == 1
     assert all(k["law"]["time_ms"]["443"] is None and k["law"]["fit"] is None for k in out["cost"]["classes"])
@@ -331,21 +332,21 @@ def test_export_reset_import_round_trip(store, model, tmp_path):
 def test_import_keeps_a_different_store_unless_forced(store, model, tmp_path, replayed):
     dest = tmp_path / "copy.json"
     ok(adaspark("store", "export", dest, "--store", store))
-    st = Store.open(store, fingerprint(model))
-    st.bump(requests=1, rounds=5)  # the store learned on after the export
-    st.save()
+    with Store.open(store, fingerprint(model)) as st:
+        st.bump(requests=1, rounds=5)  # the store learned on after the export
+        st.save()
     before = store.read_bytes()
     assert_one_error_line(adaspark("store", "import", dest, "--model", model), "different store", "--force")
     assert store.read_bytes() == before
     ok(adaspark("store", "import", dest, "--model", model, "--force"))
-    assert Store.open(store, fingerprint(model)).counts == orjson.loads(dest.read_bytes())["counts"]
+    assert Store.read(store, fingerprint(model))[0].counts == orjson.loads(dest.read_bytes())["counts"]
 
     # an unreadable file in the way is not replaced without --force either
     store.write_bytes(GARBAGE)
     assert_one_error_line(adaspark("store", "import", dest, "--model", model), "not a readable store", "--force")
     assert store.read_bytes() == GARBAGE
     ok(adaspark("store", "import", dest, "--model", model, "--force"))
-    Store.open(store, fingerprint(model))
+    Store.read(store, fingerprint(model))
 
 
 def test_import_checks_the_fingerprint(store, model, other_model, tmp_path):
@@ -361,8 +362,8 @@ def test_import_checks_the_fingerprint(store, model, other_model, tmp_path):
 
     res = ok(adaspark("store", "import", dest, "--model", other_model, "--force"))
     assert "rewritten" in res.stdout
-    moved = Store.open(target, fingerprint(other_model))  # now keyed by the other model
-    assert moved.sections == Store.open(store, fingerprint(model)).sections
+    moved, _ = Store.read(target, fingerprint(other_model))  # now keyed by the other model
+    assert moved.sections == Store.read(store, fingerprint(model))[0].sections
 
     bad = tmp_path / "bad.json"
     bad.write_bytes(GARBAGE)

@@ -139,6 +139,19 @@ def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: past it a context segfaults (seen at 100000)
+
+
+def thread_count(threads: int | None) -> int:
+    """``threads``, or all the CPUs this process may use; InputError outside 1..MAX_THREADS
+    before llama.cpp sees the number."""
+    if threads is None:
+        return default_threads()
+    if not 1 <= threads <= MAX_THREADS:
+        raise InputError(f"--threads must be between 1 and {MAX_THREADS} (ggml's limit), not {threads}")
+    return threads
+
+
 class LlamaModel:
     """A loaded GGUF model: weights, vocabulary, chat template. Contexts are made from it."""
 
@@ -331,7 +344,7 @@ class LlamaTarget(_FreedWithObject):
             raise InputError(f"a context of {self.n_ctx} tokens is more than llama.cpp can hold (at most {UINT32_MAX})")
         self.max_width = max_width
         self.supports_trees = not model.recurrent
-        threads = threads or default_threads()
+        threads = thread_count(threads)
         # Sequence 0 plus one per leaf; a tree of max_width rows has at most max_width-1 leaves.
         self.n_seq = 1 if model.recurrent else min(max_width, MAX_SEQ)
         cp = L.llama_context_default_params()
@@ -578,7 +591,7 @@ class LlamaSequence(_FreedWithObject):
         self.model = model
         self.n_vocab = model.n_vocab
         self.n_ctx = n_ctx
-        threads = threads or default_threads()
+        threads = thread_count(threads)
         cp = L.llama_context_default_params()
         cp.n_ctx = n_ctx
         cp.n_batch = cp.n_ubatch = n_batch
@@ -671,7 +684,7 @@ class DSparkContext(_FreedWithObject):
         ids = _ext("target_layer_ids")(model.ptr)
         self.layer_ids = [int(ids[i]) for i in range(n_ids)]
         target.capture_hidden(self.layer_ids)
-        threads = threads or default_threads()
+        threads = thread_count(threads)
         cp = L.llama_context_default_params()
         cp.n_ctx = target.n_ctx
         cp.n_batch = cp.n_ubatch = max(target._cap, self.block_size)  # a prefill chunk of rows at once
@@ -756,7 +769,7 @@ def score(model: LlamaModel, tokens: list[int], threads: int | None = None, flas
     """Logits after every position of ``tokens``, from one llama_decode on a fresh context:
     the reference a decode is checked against. Shape (len(tokens), n_vocab)."""
     n = len(tokens)
-    threads = threads or default_threads()
+    threads = thread_count(threads)
     cp = L.llama_context_default_params()
     cp.n_ctx = max(n + 8, 64)
     cp.n_batch = cp.n_ubatch = n
