@@ -328,7 +328,9 @@ def line_plot(path, series: dict, x_label: str = "", y_label: str = "", title: s
     dashed reference lines (e.g. a ratio of 1); ``legend`` is auto, left, right or none.
     Text is drawn in capitals by a 5x7 bitmap font.
     """
+    from adaspark_core.files import replace
+
     cv = render(series, x_label, y_label, title, size, y_zero, connect, x_ticks, hlines, legend)
     p = Path(path)
-    p.write_bytes(cv.png_bytes())
+    replace(p, cv.png_bytes())  # a user-named file: never over a device or a FIFO (files.py)
     return p

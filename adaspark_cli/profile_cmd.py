@@ -73,6 +73,10 @@ def profile(
     if plot is not None and not plot.resolve().parent.is_dir():
         fail(f"--plot: no such directory: {plot.resolve().parent}")
     with reported():
+        if plot is not None:  # a device, a FIFO or a folder there is refused now, not after the survey
+            from adaspark_core.files import landing
+
+            landing(plot)
         ws = prof.check_widths(prof.parse_ints(widths, "widths"))  # before the model loads
         cs = prof.parse_ints(contexts, "contexts") if contexts else None
         from adaspark_core.engine.llama import LlamaModel, LlamaTarget, default_threads

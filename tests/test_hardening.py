@@ -300,3 +300,10 @@ def test_serve_stdin_answers_every_fuzzed_line_once_and_never_crashes(tmp_path):
     assert all(("error" in o) != ("done" in o) for o in answers)
     assert any("done" in o for o in answers) and any("error" in o for o in answers)
     assert time.monotonic() - t0 < 60
+
+
+def test_a_plot_over_a_fifo_is_refused_before_the_survey(tmp_path):
+    fifo = tmp_path / "verify.png"
+    os.mkfifo(fifo)
+    assert_one_error_line(adaspark("profile", "--plot", fifo), "it is a FIFO")
+    assert fifo.is_fifo()
