@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.adaspark-installed
 PROMPTS := fixtures/prompts
 
-.PHONY: setup demo test bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ngram bench-drafters fixture-log clean
+.PHONY: setup demo test test-fast bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ngram bench-drafters fixture-log clean
 .PHONY: peer
 
 # ggml for this CPU, but never with AMX: some virtual machines advertise AMX yet trap its first
@@ -41,6 +41,11 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# The fast tier, for the edit-test loop: everything that neither loads the real model nor runs a
+# simulation study (markers in pyproject.toml). `make test` (the README's, CI's) runs them all.
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow and not model"
 
 # Benchmarks print speeds measured side by side in one run; they are not tests.
 bench-smoke: setup

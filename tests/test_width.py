@@ -46,6 +46,7 @@ def expected_rate(curve, params, widths, contexts, draft_ms=2.0, p_clean=0.7, no
     return tokens / ms
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("curve", sorted(CURVES))
 def test_the_rate_reached_is_close_to_the_best_pinned_widths(curve):
     """Measured (3 seeds each, second half of 12 requests, the guarded acceptance model pricing):
@@ -77,6 +78,7 @@ def test_after_cold_start_the_price_of_the_chosen_width_is_within_two_percent(cu
     assert statistics.median(errors) < 0.02
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("curve", ["cpu-smollm2-q8_0", "cpu-gemma3-270m-q4km"])
 def test_width_one_is_chosen_where_the_tree_never_pays(curve):
     _, late, params = serve(curve, requests=6)
