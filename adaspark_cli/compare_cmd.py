@@ -139,7 +139,7 @@ def write_results(out: Path, replies, summary, lm, drafter, arms, settings) -> N
     from importlib.metadata import PackageNotFoundError, version
 
     from adaspark_core.files import replace
-    from adaspark_core.store import fingerprint
+    from adaspark_core.fingerprint import fingerprint
 
     def ver(pkg):
         try:

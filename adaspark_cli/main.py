@@ -220,7 +220,8 @@ def open_learned(path: Optional[Path], model_path: Path, drafter=None):
     """(store, learners) for a learning arm: the learners restored from the store, or fresh. The
     store is keyed by the model, the model drafter if any, and the machine."""
     from adaspark_core.learned import Learners
-    from adaspark_core.store import Store, default_store_path, fingerprint
+    from adaspark_core.fingerprint import fingerprint
+    from adaspark_core.store import Store, default_store_path
 
     fp = fingerprint(model_path, drafter.model.path if drafter is not None else None)
     st = Store.open(path or default_store_path(fp), fp)

@@ -77,7 +77,8 @@ def _drafter_file(spec: Optional[str]) -> Optional[Path]:
 def locate(store: Optional[Path], model: Optional[Path], drafter: Optional[str],
            need_fingerprint: bool = False) -> tuple[Path, Optional[dict]]:
     """(store file, the fingerprint it must have, or None for any)."""
-    from adaspark_core.store import default_store_path, fingerprint
+    from adaspark_core.fingerprint import fingerprint
+    from adaspark_core.store import default_store_path
 
     if store is not None and model is None and drafter in (None, "", "none") and not need_fingerprint:
         return store, None

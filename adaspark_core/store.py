@@ -2,7 +2,8 @@
 
 One JSON file per (model file, machine): what a verify-cost model learned about one model on one
 CPU says nothing about another, so the store is keyed by a fingerprint of both and a store whose
-fingerprint differs from the current one is refused rather than silently reused.
+fingerprint differs from the current one is refused rather than silently reused. The fingerprint
+itself is fingerprint.py's; the store imports no model and no engine.
 
 File contents (``SCHEMA`` 1)::
 
@@ -33,9 +34,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
-import hashlib
 import os
-import platform
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,7 +44,8 @@ import orjson
 
 from .errors import InputError, OutputError
 from .files import landing, replace
-from .models import home
+from .fingerprint import differences, fingerprint_key, same_fingerprint
+from .paths import stores_dir
 from .schema import apply_upgrades
 
 SCHEMA = 2
@@ -65,7 +65,6 @@ def _levels_per_band(d: dict) -> dict:
 UPGRADES: list[Callable[[dict], dict]] = [_levels_per_band]
 
 FIELDS = ("schema", "fingerprint", "updated", "counts", "sections")  # of a store file (to_json)
-_CHUNK = 1 << 20  # hash models in 1 MiB chunks: constant memory for any model size
 _DUMP = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
 _HINT = "it was left as is: move it away or run `adaspark store reset`"
 
@@ -80,131 +79,9 @@ class StoreBusy(StoreError):
     """Another process holds the store's lock."""
 
 
-# --- fingerprint -------------------------------------------------------------------------------
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _digest_cache_path() -> Path:
-    return home() / "stores" / "digests.json"
-
-
-def _model_digest(path: Path, cache: Path) -> str:
-    """SHA-256 of the model file, cached by (absolute path, size, mtime_ns).
-
-    The cache is only an optimisation: an unreadable cache is ignored and a failed write is
-    swallowed, so it can never break a run. (A file rewritten with the same size inside one mtime
-    tick would be missed; model files are not edited in place, so we accept that.)
-    """
-    st = path.stat()
-    key = str(path.resolve())
-    try:
-        entries = orjson.loads(cache.read_bytes())
-        if not isinstance(entries, dict):
-            entries = {}
-    except (OSError, orjson.JSONDecodeError):
-        entries = {}
-    hit = entries.get(key)
-    if isinstance(hit, dict) and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns:
-        return hit["sha256"]
-    digest = _sha256_file(path)
-    entries[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
-    try:
-        replace(cache, orjson.dumps(entries, option=_DUMP))
-    except (OSError, InputError):
-        pass
-    return digest
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _cpu_count() -> int:
-    # The CPUs this process may run on (taskset / cgroup cpusets), not the machine's total: the
-    # verify cost depends on the threads llama.cpp actually gets.
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def _llama_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("llama-cpp-python")
-    except PackageNotFoundError:
-        return None
-
-
-def fingerprint(model_path: PathLike, drafter_path: PathLike | None = None, *,
-                digest_cache: PathLike | None = None) -> dict:
-    """What the learned state depends on: the model file's content, the drafter's if there is one
-    (the acceptance model learns how the drafter's candidates fare against this target), and the
-    machine.
-
-    A file is identified by size and SHA-256 of its content (not its path, so a copy or a move
-    keeps its store). ``digest_cache`` is the side file caching digests (default:
-    ``home()/stores/digests.json``).
-    """
-    cache = Path(digest_cache) if digest_cache is not None else _digest_cache_path()
-
-    def ident(p: PathLike) -> dict:
-        p = Path(p)
-        return {"size": p.stat().st_size, "sha256": _model_digest(p, cache)}
-
-    drafter = {"drafter": ident(drafter_path)} if drafter_path is not None else {}
-    return {
-        "model": ident(model_path),
-        **drafter,
-        "machine": {
-            "cpu": _cpu_name(),
-            "cpus": _cpu_count(),
-            "arch": platform.machine(),
-            "llama_cpp_python": _llama_version(),
-        },
-    }
-
-
-def _canonical(fp: dict) -> bytes:
-    return orjson.dumps(fp, option=orjson.OPT_SORT_KEYS)
-
-
-def same_fingerprint(a: dict, b: dict) -> bool:
-    return _canonical(a) == _canonical(b)
-
-
-def fingerprint_key(fp: dict) -> str:
-    """A short stable hex key for ``fp``: the first 16 hex digits of SHA-256 of its canonical JSON."""
-    return hashlib.sha256(_canonical(fp)).hexdigest()[:16]
-
-
 def default_store_path(fp: dict) -> Path:
     """``home()/stores/<key>.json``."""
-    return home() / "stores" / f"{fingerprint_key(fp)}.json"
-
-
-def _diff(a, b, prefix: str = "") -> list[str]:
-    """Dotted names of the fields where two fingerprints differ (for the error message)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in sorted(set(a) | set(b)):
-            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
-        return out
-    return [] if a == b else [prefix.rstrip(".") or "fingerprint"]
+    return stores_dir() / f"{fingerprint_key(fp)}.json"
 
 
 # --- the lock ----------------------------------------------------------------------------------
@@ -340,7 +217,7 @@ def _parse(raw: bytes, path: Path, hint: str = _HINT) -> dict:
 
 
 def _mismatch(path: Path, stored: dict, fp: dict, hint: str) -> StoreError:
-    fields = ", ".join(_diff(orjson.loads(_canonical(stored)), orjson.loads(_canonical(fp))))
+    fields = ", ".join(differences(stored, fp))
     return StoreError(f"store {path} belongs to another model or machine (differs in {fields}); {hint}")
 
 
@@ -389,7 +266,7 @@ class Store:
                 store = cls(path, fp)
             else:
                 d = _parse(raw, path)
-                if _canonical(d["fingerprint"]) != _canonical(fp):
+                if not same_fingerprint(d["fingerprint"], fp):
                     raise _mismatch(path, d["fingerprint"], fp, _HINT)
                 store = cls(path, fp, counts=d["counts"], sections=d["sections"], updated=d.get("updated"))
         except BaseException:
@@ -419,7 +296,7 @@ class Store:
         path = Path(path)
         raw = _read(path)
         d = _parse(raw, path, hint=hint)
-        if fp is not None and _canonical(d["fingerprint"]) != _canonical(fp):
+        if fp is not None and not same_fingerprint(d["fingerprint"], fp):
             raise _mismatch(path, d["fingerprint"], fp, hint)
         file_schema = orjson.loads(raw).get("schema")  # _parse upgraded its copy
         return cls(path, d["fingerprint"], counts=d["counts"], sections=d["sections"], updated=d.get("updated")), file_schema
@@ -492,7 +369,7 @@ class Store:
         src = Path(src)
         hint = "nothing was imported"
         d = _parse(_read(src), src, hint=hint)
-        if _canonical(d["fingerprint"]) != _canonical(fp) and not force:
+        if not same_fingerprint(d["fingerprint"], fp) and not force:
             raise _mismatch(src, d["fingerprint"], fp, hint + " (use --force to import it anyway)")
         store = Store(path, fp, counts=d["counts"], sections=d["sections"], updated=d.get("updated"))
         with _locked(path):  # never under a process that is learning into the store

@@ -14,16 +14,11 @@ import numpy as np
 import orjson
 import pytest
 
+from adaspark_core import fingerprint as fingerprint_mod
 from adaspark_core import store as store_mod
 from adaspark_core.errors import InputError, OutputError
-from adaspark_core.store import (
-    SCHEMA,
-    Store,
-    StoreError,
-    default_store_path,
-    fingerprint,
-    fingerprint_key,
-)
+from adaspark_core.fingerprint import fingerprint, fingerprint_key
+from adaspark_core.store import SCHEMA, Store, StoreError, default_store_path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -285,8 +280,8 @@ def test_fingerprint_is_stable_and_follows_the_file(tmp_path, monkeypatch):
     model.write_bytes(data)
 
     hashed = []
-    real = store_mod._sha256_file
-    monkeypatch.setattr(store_mod, "_sha256_file", lambda p: hashed.append(p) or real(p))
+    real = fingerprint_mod._sha256_file
+    monkeypatch.setattr(fingerprint_mod, "_sha256_file", lambda p: hashed.append(p) or real(p))
 
     fp1 = fingerprint(model)
     assert fp1["model"] == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
@@ -321,6 +316,17 @@ def test_fingerprint_key_is_canonical():
     shuffled = {"machine": dict(reversed(list(FP["machine"].items()))), "model": FP["model"]}
     assert fingerprint_key(shuffled) == fingerprint_key(FP)
     assert fingerprint_key(OTHER_FP) != fingerprint_key(FP)
+
+
+def test_the_store_imports_neither_the_engine_nor_models():
+    """store.py is on the ground floor: importing it (and the fingerprint) loads no llama.cpp,
+    no engine and no model cache."""
+    heavy = ("llama_cpp", "adaspark_core.engine", "adaspark_core.models")
+    code = ("import sys, adaspark_core.store, adaspark_core.fingerprint; "
+            f"print([m for m in {heavy!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_a_section_this_version_does_not_know_is_kept_through_a_save(tmp_path):

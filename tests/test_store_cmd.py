@@ -18,7 +18,8 @@ from adaspark_core.inspect import CONTEXTS, COEFFICIENTS, affine_fit, summarize
 from adaspark_core.learned import Learners
 from adaspark_core.record import read_log
 from adaspark_core.replay import replay
-from adaspark_core.store import Store, default_store_path, fingerprint, fingerprint_key
+from adaspark_core.fingerprint import fingerprint, fingerprint_key
+from adaspark_core.store import Store, default_store_path
 
 from conftest import PROMPTS
 

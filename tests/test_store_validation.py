@@ -21,7 +21,8 @@ from adaspark_core.learned import Learners
 from adaspark_core.record import read_log
 from adaspark_core.replay import replay
 from adaspark_core.scheduler import Generation, parse_arm
-from adaspark_core.store import SCHEMA, Store, StoreError, fingerprint
+from adaspark_core.fingerprint import fingerprint
+from adaspark_core.store import SCHEMA, Store, StoreError
 
 from conftest import PROMPTS
 
