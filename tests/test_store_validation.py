@@ -9,8 +9,6 @@ The valid state is learned by replaying the checked-in log of a real run of the 
 
 import copy
 import math
-import subprocess
-import sys
 
 import numpy as np
 import orjson
@@ -25,6 +23,7 @@ from adaspark_core.fingerprint import fingerprint
 from adaspark_core.store import SCHEMA, Store, StoreError
 
 from conftest import PROMPTS
+from test_cli import adaspark, assert_one_error_line
 
 FIXTURE_LOG = PROMPTS.parent / "logs" / "rounds.jsonl"
 FP = {"model": {"size": 1, "sha256": "0" * 64}}  # from_store reads the sections only
@@ -219,20 +218,6 @@ def test_a_valid_store_restores_exactly(trained):
 
 
 # --- through the CLI ------------------------------------------------------------------------------------
-
-
-def adaspark(*args):
-    return subprocess.run([sys.executable, "-m", "adaspark_cli.main", *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
-
-
-def assert_one_error_line(res, *words):
-    assert res.returncode == 2, (res.stdout, res.stderr)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("adaspark: error: "), res.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
-    assert res.stdout == ""
 
 
 def write_store(path, fp, sections):
