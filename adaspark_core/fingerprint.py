@@ -26,6 +26,7 @@ _CHUNK = 1 << 20  # hash models in 1 MiB chunks: constant memory for any model s
 _DUMP = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
 
 PathLike = str | os.PathLike
+SIM = "sim:"  # the prefix of a simulated model's name (engine/simlm.py)
 
 
 def _sha256_file(path: Path) -> str:
@@ -116,6 +117,8 @@ def fingerprint(model_path: PathLike, drafter_path: PathLike | None = None, *,
     cache = Path(digest_cache) if digest_cache is not None else digest_cache_path()
 
     def ident(p: PathLike) -> dict:
+        if str(p).startswith(SIM):  # engine/simlm.py: a simulated model is its name
+            return {"sim": str(p)[len(SIM):]}
         p = Path(p)
         return {"size": p.stat().st_size, "sha256": _model_digest(p, cache)}
 

@@ -301,6 +301,10 @@ class LlamaModel:
         except Exception as e:  # a template error names the model, not our stack
             raise InputError(f"the chat template of {self.path.name} failed: {e}") from None
 
+    def target(self, n_ctx: int | None = None, threads: int | None = None) -> "LlamaTarget":
+        """A verifying context on this model (``n_ctx``: default the model's, at most 8192)."""
+        return LlamaTarget(self, n_ctx=n_ctx, threads=threads)
+
     def piece_special(self, token: int) -> bytes:
         n = L.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, True)
         return self._piece_buf.raw[: max(n, 0)]
@@ -345,6 +349,7 @@ class LlamaTarget(_FreedWithObject):
         self.max_width = max_width
         self.supports_trees = not model.recurrent
         threads = thread_count(threads)
+        self.threads = threads
         # Sequence 0 plus one per leaf; a tree of max_width rows has at most max_width-1 leaves.
         self.n_seq = 1 if model.recurrent else min(max_width, MAX_SEQ)
         cp = L.llama_context_default_params()

@@ -1,0 +1,158 @@
+"""A simulated language model for the whole command line: ``--model sim:CURVE``.
+
+It lets the CLI, the store, the logs and the servers be tested end to end without loading
+llama.cpp, where the model is not the point (decoding correctness on the real engine is tested on
+the real model). Everything is deterministic: the same prompt gives the same reply, widths and
+virtual times in every process.
+
+- Tokens are bytes: token ``b + BYTE0`` is byte ``b``; 0 is unused, ``EOG`` ends a reply.
+- The model's greedy next token is a fixed rule of the last two tokens and of the position's
+  "era" (``ERA`` tokens long): a hash into a small lower-case alphabet. Inside an era the text
+  soon falls into a cycle (a few dozen tokens long), so the n-gram fill finds continuations that are accepted; at an era's
+  start the rule changes, so drafts are also rejected. A prompt whose text holds ``STOP_MARK``
+  makes the reply end (EOG) at reply token ``STOP_AFTER``, to exercise ``finish: stop``.
+- Verify time is ``engine/sim.py``'s curve ``CURVE`` (a measured CPU table or a GPU curve) with
+  seeded one-sided interference, on a virtual clock (``target.clock``) that the scheduler reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from ..errors import InputError
+from ..fingerprint import SIM as PREFIX
+from ..tree import Layout
+from .base import Verified
+from .sim import CURVES, Interference, VirtualClock
+
+BYTE0 = 3
+EOG = 2
+ERA = 96
+ALPHABET = b"etaoinshrdlu "  # what the rule emits: short words, ASCII, so every piece is text
+STOP_MARK = "[stop]"
+STOP_AFTER = 40
+N_CTX = 4096
+
+
+def is_sim(spec: object) -> bool:
+    return isinstance(spec, str) and spec.startswith(PREFIX)
+
+
+class SimModel:
+    """The model half (tokenizer, chat template, pieces) of ``sim:CURVE``."""
+
+    def __init__(self, spec: str):
+        name = spec[len(PREFIX):]
+        if name not in CURVES:
+            raise InputError(f"unknown simulated model {spec!r}: use sim: with one of {', '.join(sorted(CURVES))}")
+        self.name = name
+        self.path = Path(spec)  # shown where a model file's name is; the fingerprint knows it is a sim
+        self.desc = f"simulated model, verify times of {name}"
+        self.n_ctx_train = N_CTX
+        self.n_vocab = BYTE0 + 256
+        self._key = hashlib.sha256(f"adaspark-simlm:{name}".encode()).digest()[:16]
+
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        return [b + BYTE0 for b in text.encode("utf-8")]
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+        return self.tokenize(text)
+
+    def piece(self, token: int) -> bytes:
+        return bytes([token - BYTE0]) if token >= BYTE0 else b""
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOG
+
+    def next_token(self, prev: int, cur: int, pos: int) -> int:
+        """The greedy token at position ``pos`` after the tokens ``prev``, ``cur``."""
+        era = (pos // ERA) % 8
+        h = hashlib.blake2b(bytes((era, prev & 255, cur & 255)), key=self._key, digest_size=1).digest()[0]
+        b = ALPHABET[h % len(ALPHABET)]
+        if b + BYTE0 == cur:  # no letter twice in a row: the text cycles, never sticks on one letter
+            b = ALPHABET[(h + 1) % len(ALPHABET)]
+        return b + BYTE0
+
+    def target(self, n_ctx: int | None = None, threads: int | None = None, seed: int = 0) -> "SimLMTarget":
+        return SimLMTarget(self, n_ctx or N_CTX, seed)
+
+    def close(self) -> None:
+        pass
+
+
+class SimLMTarget:
+    """A Target (engine/base.py) for a SimModel; the KV cache is the committed token list."""
+
+    supports_trees = True
+    supports_chains = True
+
+    def __init__(self, model: SimModel, n_ctx: int, seed: int = 0):
+        self.model = model
+        self.n_ctx = n_ctx
+        self.n_vocab = model.n_vocab
+        self.curve = CURVES[model.name]
+        self.noise = Interference(seed=seed)
+        self.clock = VirtualClock()
+        self.tokens: list[int] = []  # committed, the anchor last
+        self.n_past = 0
+        self.anchor: int | None = None
+        self._stop_at: int | None = None
+        self._pending: Layout | None = None
+
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        return self.model.tokenize(text, special)
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        return self.model.chat_prompt(messages)
+
+    def piece(self, token: int) -> bytes:
+        return self.model.piece(token)
+
+    def is_eog(self, token: int) -> bool:
+        return self.model.is_eog(token)
+
+    def start(self, tokens: list[int]) -> None:
+        if not tokens or len(tokens) >= self.n_ctx:
+            raise InputError("the prompt must be non-empty and leave room in the context")
+        self.tokens = list(tokens)
+        self.n_past = len(tokens) - 1
+        self.anchor = tokens[-1]
+        text = b"".join(map(self.model.piece, tokens))
+        self._stop_at = len(tokens) + STOP_AFTER if STOP_MARK.encode() in text else None
+        self._pending = None
+
+    def room(self) -> int:
+        return self.n_ctx - self.n_past - 1
+
+    def _next(self, prev: int, cur: int, pos: int) -> int:
+        return EOG if pos == self._stop_at else self.model.next_token(prev, cur, pos)
+
+    def verify(self, lay: Layout) -> Verified:
+        assert self.anchor is not None and lay.token[0] == self.anchor, "row 0 must be the anchor"
+        assert self.n_past + lay.width <= self.n_ctx, "the verify's rows overflow the context"
+        prev0 = self.tokens[-2] if len(self.tokens) > 1 else 0
+        pairs: list[tuple[int, int]] = []  # per row: the last two tokens of its path
+        argmax = []
+        for r in range(lay.width):
+            pairs.append((prev0, self.anchor) if r == 0 else (pairs[lay.parent_row[r]][1], lay.token[r]))
+            argmax.append(self._next(*pairs[r], self.n_past + lay.depth[r] + 1))
+        ms = self.curve.true_ms(lay.width, self.n_past + 1) * (1.0 + self.noise.draw())
+        self.clock.advance_ms(ms)
+        self._pending = lay
+        return Verified(argmax, ms, ms, 0.0)
+
+    def commit(self, lay: Layout, keep_rows: list[int], next_anchor: int) -> float:
+        assert lay is self._pending, "commit of a layout that was not the last verify"
+        self.tokens += [lay.token[r] for r in keep_rows] + [next_anchor]
+        self.n_past += 1 + len(keep_rows)
+        self.anchor = next_anchor
+        self._pending = None
+        return 0.0
+
+    def discard(self, lay: Layout) -> None:
+        self._pending = None
+
+    def close(self) -> None:
+        pass
