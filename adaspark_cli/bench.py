@@ -24,7 +24,7 @@ from tabulate import tabulate
 from adaspark_core import tree
 from adaspark_core.engine.llama import LlamaModel, LlamaTarget
 from adaspark_core.models import default_model
-from adaspark_core.profile import pinned_verify_ms  # chain verify at a fixed context, warm-ups dropped
+from adaspark_core.survey import pinned_verify_ms  # chain verify at a fixed context, warm-ups dropped
 from adaspark_core.chooser import AdaptiveWidth
 from adaspark_core.learned import Learners
 from adaspark_core.scheduler import Generation, parse_arm, run

@@ -5,21 +5,37 @@ from __future__ import annotations
 
 import platform
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import List, Optional
 
 import orjson
 import typer
+from tqdm import tqdm
+
+from adaspark_cli import console
+from adaspark_cli.compare_report import figure, tables
+from adaspark_cli.console import reported
+from adaspark_cli.plot import missing
+from adaspark_core import compare as cmp
+from adaspark_core import testset, tracesim
+from adaspark_core.engine.simlm import SimModel
+from adaspark_core.errors import InputError
+from adaspark_core.files import landing, replace
+from adaspark_core.fingerprint import fingerprint
+from adaspark_core.runtime import EngineOptions, Runtime
+from adaspark_core.scheduler import parse_arm
+from adaspark_core.stats import summarize
 
 RESULTS = "compare.json"
 DEFAULT_ARMS = "ar,pld:3,pld:10,chain:3,tree:16,cost,adaspark,pinned:4,pinned:8,pinned:16"
 
 
 def compare(
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct, Q4_0)."),
-    drafter: str = typer.Option("none", "--drafter", help="none, dspark:FILE or model:FILE, for every AdaSpark arm."),
-    block: Optional[int] = typer.Option(None, "--block", min=1, help="Positions a model drafter proposes per round (B)."),
-    top_k: int = typer.Option(8, "--top-k", min=1, help="Candidates a model drafter keeps per position (K)."),
+    model: Optional[str] = console.MODEL,
+    drafter: str = console.DRAFTER,
+    block: Optional[int] = console.BLOCK,
+    top_k: int = console.TOP_K,
     arms: str = typer.Option(DEFAULT_ARMS, "--arms", help="Comma-separated: ar, pld:N, chain:N, block-chain, tree:N, cost, adaspark, pinned:N (ar always runs: it is the baseline); llama.cpp's own llama-server (make peer): llama:ar, llama:SPEC or llama:SPEC:N:M, SPEC one of ngram-simple, ngram-map-k, ngram-map-k4v (N: --spec-ngram-*-size-n, the n-gram looked up; M: --spec-ngram-*-size-m, the most draft tokens), ngram-mod (N: --spec-ngram-mod-n-match; M: --spec-ngram-mod-n-max) or ngram-cache (no sizes)."),
     sets: Optional[List[Path]] = typer.Option(None, "--sets", help="A folder of conversation sets, set files (.json) or prompt files (one turn each); repeat it. Default: ../shared/testset."),
     subset: str = typer.Option("eval", "--subset", help="eval (the paper's evaluation subset rule), short (first two turns of each source's first conversation) or all."),
@@ -28,8 +44,8 @@ def compare(
     repeat: int = typer.Option(1, "--repeat", min=1, help="Decode every reply K times and keep the median speed."),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for compare.json (every reply, the summary, machine, model hash, versions) and ratios.png."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object instead of tables."),
-    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", min=16, help="Context size (default: the model's, at most 8192)."),
-    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads (default: all)."),
+    n_ctx: Optional[int] = console.N_CTX,
+    threads: Optional[int] = console.THREADS,
     resamples: int = typer.Option(2000, "--resamples", min=100, help="Bootstrap resamples (seeded)."),
     warm: int = typer.Option(0, "--warm", min=0, help="Run the learning arms (adaspark, cost, pinned:N) over the whole workload K times, untimed, before measuring: a warm store (0: cold)."),
     logs: Optional[Path] = typer.Option(None, "--logs", help="Folder for one round log per AdaSpark arm (adaspark.jsonl, chain_3.jsonl, ...; warm passes in warm-<arm>.jsonl), for adaspark replay."),
@@ -37,15 +53,6 @@ def compare(
     """Run several arms over the same conversations, each carrying its own replies as history, and
     report decode speed over ar per source, overall and by context band with 95% bootstrap
     intervals over conversations (paper 4.1, Tables 3, 4, 6, 8, 10, Figure 8)."""
-    from tqdm import tqdm
-
-    from adaspark_cli.compare_report import figure, tables
-    from adaspark_cli.main import load_engine, reported
-    from adaspark_core import compare as cmp
-    from adaspark_core.errors import InputError
-    from adaspark_core.files import landing
-    from adaspark_core.stats import summarize
-
     with reported():
         if subset not in cmp.SUBSETS:
             raise InputError(f"unknown subset {subset!r}: use {', '.join(cmp.SUBSETS)}")
@@ -54,54 +61,62 @@ def compare(
             raise InputError(f"--logs wants a folder: {logs} is a file")
         if out is not None:  # found unwritable now, not after the whole run
             landing(out / RESULTS)
-        lm, target, the_drafter = load_engine(model, n_ctx, threads, drafter, block, top_k)
-
-        def llama():
-            from llama_cpp import Llama
-            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-            from adaspark_core.engine.llama import default_threads
-
-            n = threads or default_threads()
-            # Made with a draft model and logits_all: Llama then keeps the logits of every row
-            # (its score buffer is sized by the logits_all argument), which verifying drafts
-            # needs. Each pld arm puts in its own draft model before a reply.
-            return Llama(str(lm.path), n_ctx=target.n_ctx, n_threads=n, n_threads_batch=n, verbose=False,
-                         logits_all=True, draft_model=LlamaPromptLookupDecoding())
-
-        arm_list = cmp.make_arms(arms.split(","), target, the_drafter, llama, lm.is_eog, model_path=lm.path, n_ctx=target.n_ctx, threads=threads)
-        total = cmp.steps(convs, arm_list, warm)
-        with tqdm(total=total, desc="compare", unit="reply", file=sys.stderr, disable=None) as bar:
-            replies = cmp.run(convs, arm_list, lm.chat_prompt, target.n_ctx, max_tokens, repeat, progress=bar.update,
-                              warm=warm, log_dir=logs)
-        cmp.close_arms(arm_list)  # stop the llama-server peers (on an error, their atexit hook does)
-        names = [a.name for a in arm_list]
-        summary = summarize(replies, names, baseline="ar", resamples=resamples, band_by="midpoint")
-        if out is not None:
-            write_results(out, replies, summary, lm, the_drafter, names,
-                          {"max_tokens": max_tokens, "subset": subset, "repeat": repeat, "n_ctx": target.n_ctx,
-                           "warm": warm, "logs": str(logs) if logs is not None else None,
-                           "sets": [str(s) for s in sets or []] or ["../shared/testset"]})
-            png = out / "ratios.png"
-            if figure(summary, png, title=f"{lm.path.name}: decode speed over ar") is None:
-                png.unlink(missing_ok=True)  # an older run's figure would pass for this one's
-                sys.stderr.write(f"adaspark: no ratio to plot: {png} not written\n")
+        with Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k)) as rt:
+            names, replies = _run(rt, arms, convs, max_tokens, repeat, warm, logs)
+            summary = summarize(replies, names, baseline="ar", resamples=resamples, band_by="midpoint")
+            if out is not None:
+                write_results(out, replies, summary, rt.model, rt.drafter, names,
+                              {"max_tokens": max_tokens, "subset": subset, "repeat": repeat, "n_ctx": rt.target.n_ctx,
+                               "warm": warm, "logs": str(logs) if logs is not None else None,
+                               "sets": [str(s) for s in sets or []] or ["../shared/testset"]})
+                png = out / "ratios.png"
+                skipped = missing()  # matplotlib is an optional extra: without it, a note instead of the figure
+                if skipped or figure(summary, png, title=f"{rt.model.path.name}: decode speed over ar") is None:
+                    png.unlink(missing_ok=True)  # an older run's figure would pass for this one's
+                    sys.stderr.write(f"adaspark: {skipped or 'no ratio to plot'}: {png} not written\n")
         if as_json:
             sys.stdout.write(orjson.dumps(summary).decode() + "\n")
         else:
             store = f"warm store ({warm} untimed pass{'es' if warm > 1 else ''} first)" if warm else "cold store"
-            sys.stdout.write(f"model {lm.path.name}, {len(convs)} conversations, replies capped at {max_tokens} "
+            sys.stdout.write(f"model {rt.model.path.name}, {len(convs)} conversations, replies capped at {max_tokens} "
                              f"tokens, subset {subset}, learning arms from a {store}\n")
             sys.stdout.write(tables(summary))
+
+
+def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int, logs):
+    """Every arm over ``convs`` on the runtime's target and drafter: (arm names, replies)."""
+    lm, target = rt.model, rt.target
+
+    def llama():
+        if isinstance(lm, SimModel):
+            raise InputError(f"pld arms run llama-cpp-python's own decoder: they need a GGUF model, not {lm.path}")
+        from llama_cpp import Llama  # here: a simulated run never loads llama.cpp
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        # Made with a draft model and logits_all: Llama then keeps the logits of every row
+        # (its score buffer is sized by the logits_all argument), which verifying drafts
+        # needs. Each pld arm puts in its own draft model before a reply.
+        n = target.threads
+        return Llama(str(lm.path), n_ctx=target.n_ctx, n_threads=n, n_threads_batch=n, verbose=False,
+                     logits_all=True, draft_model=LlamaPromptLookupDecoding())
+
+    if isinstance(lm, SimModel) and any(a.strip().startswith("llama:") for a in arms.split(",")):
+        raise InputError(f"llama: arms run llama.cpp's llama-server: they need a GGUF model, not {lm.path}")
+    arm_list = cmp.make_arms(arms.split(","), target, rt.drafter, llama, lm.is_eog, model_path=lm.path,
+                             n_ctx=target.n_ctx, threads=rt.threads)
+    try:
+        with tqdm(total=cmp.steps(convs, arm_list, warm), desc="compare", unit="reply", file=sys.stderr,
+                  disable=None) as bar:
+            replies = cmp.run(convs, arm_list, lm.chat_prompt, target.n_ctx, max_tokens, repeat,
+                              progress=bar.update, warm=warm, log_dir=logs)
+    finally:
+        cmp.close_arms(arm_list)  # stop the llama-server peers
+    return [a.name for a in arm_list], replies
 
 
 def load_workload(sets: Optional[List[Path]], which: str, max_turns: Optional[int] = None):
     """Conversations of the given folders, set files and prompt files (default: ../shared/testset),
     each source cut to the subset, each conversation to its first ``max_turns`` turns."""
-    from adaspark_core import testset
-    from adaspark_core.compare import prompt_conversation, subset
-    from adaspark_core.errors import InputError
-
     paths = list(sets or [testset.default_dir()])
     convs = []
     for p in paths:
@@ -116,7 +131,7 @@ def load_workload(sets: Optional[List[Path]], which: str, max_turns: Optional[in
             raise InputError(f"no such set or prompt file: {p}")
         for f in files:
             if f.suffix == ".json":
-                convs += subset(testset.load(f), which, testset.is_eval_subset(f))
+                convs += cmp.subset(testset.load(f), which, testset.is_eval_subset(f))
             else:
                 try:
                     text = f.read_text(encoding="utf-8")
@@ -124,23 +139,16 @@ def load_workload(sets: Optional[List[Path]], which: str, max_turns: Optional[in
                     raise InputError(f"cannot read the prompt file {f} as UTF-8 text") from None
                 if not text.strip():
                     raise InputError(f"prompt file is empty: {f}")
-                convs.append(prompt_conversation(f, text))
+                convs.append(cmp.prompt_conversation(f, text))
     if not convs:
         raise InputError("the workload is empty")
     if max_turns is not None:
-        from adaspark_core.testset import Conversation
-
-        convs = [Conversation(c.set, c.name, c.kind, c.turns[:max_turns], c.tools) for c in convs]
+        convs = [testset.Conversation(c.set, c.name, c.kind, c.turns[:max_turns], c.tools) for c in convs]
     return convs
 
 
 def write_results(out: Path, replies, summary, lm, drafter, arms, settings) -> None:
     """compare.json: enough to report the run and re-plot it."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from adaspark_core.files import replace
-    from adaspark_core.fingerprint import fingerprint
-
     def ver(pkg):
         try:
             return version(pkg)
@@ -175,13 +183,6 @@ def simulate(
     verify times are measured ones: what each arm's choices earn on the machine the cost logs
     came from, in seconds instead of a bench's minutes (host time left out). Same tables as
     compare."""
-    from adaspark_cli.compare_report import tables
-    from adaspark_cli.main import reported
-    from adaspark_core import tracesim
-    from adaspark_core.errors import InputError
-    from adaspark_core.scheduler import parse_arm
-    from adaspark_core.stats import summarize
-
     with reported():
         names = [parse_arm(a).name for a in arms.split(",") if a.strip()]
         names = ["ar"] + [a for a in names if a != "ar"]

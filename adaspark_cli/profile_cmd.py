@@ -42,19 +42,30 @@ from typing import Optional
 
 import orjson
 import typer
+from tabulate import tabulate
+from tqdm import tqdm
+
+from adaspark_cli import console
+from adaspark_cli.console import fail, reported
+from adaspark_cli.plot import line_plot, require_matplotlib
+from adaspark_core import survey as prof
+from adaspark_core.engine.simlm import SimModel
+from adaspark_core.errors import InputError
+from adaspark_core.files import landing
+from adaspark_core.runtime import EngineOptions, Runtime, open_model
 
 SCHEMA = 1
 TIME_NOTE = "verify_ms: batch build + llama_decode + argmax read (what the cost model learns)"
 
 
 def profile(
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct, Q4_0)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct, Q4_0)."),
     widths: str = typer.Option("1,2,4,8,16,32,64", "--widths", help="Rows per verify, comma-separated, each 1 to 64."),
     contexts: Optional[str] = typer.Option(None, "--contexts", help="Contexts in tokens, comma-separated (default: Table 1's 443,1596,8444, the largest clamped to what the model's context holds with the widest verify)."),
     rounds: int = typer.Option(7, "--rounds", min=3, help="Verifies per (width, context) and pass; the first 2 are warm-ups, left out of the medians."),
-    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads (default: all)."),
+    threads: Optional[int] = console.THREADS,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (machine, model, every sample, the fits) instead of a table."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also write a PNG of verify time against rows, one line per context."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also write a PNG of verify time against rows, one line per context (needs matplotlib: pip install 'adaspark[plot]')."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
 ) -> None:
     """Verify time by rows and context on this machine (paper 3.2, Figure 3, Table 1).
@@ -63,33 +74,25 @@ def profile(
     ascending, pass 2 descending); per cell the median over passes of the per-pass median after
     two warm-up rounds; per width the fit T(c) = alpha + beta*c over the contexts with its
     residuals. Measures only: the learned store is not touched."""
-    # Imported here, not at the top: main.py imports this module to register the command.
-    from adaspark_cli.main import fail, reported
-    from adaspark_core import profile as prof
-    from adaspark_core.errors import InputError
-
     if plot is not None and plot.suffix.lower() != ".png":
         fail(f"--plot must name a .png file, got {plot}")
     if plot is not None and not plot.resolve().parent.is_dir():
         fail(f"--plot: no such directory: {plot.resolve().parent}")
     with reported():
-        if plot is not None:  # a device, a FIFO or a folder there is refused now, not after the survey
-            from adaspark_core.files import landing
-
+        if plot is not None:  # no matplotlib, a device, a FIFO or a folder there: said now, not after the survey
+            require_matplotlib()
             landing(plot)
         ws = prof.check_widths(prof.parse_ints(widths, "widths"))  # before the model loads
         cs = prof.parse_ints(contexts, "contexts") if contexts else None
-        from adaspark_core.engine.llama import LlamaModel, LlamaTarget, default_threads
-        from adaspark_core.models import resolve_model
-
-        lm = LlamaModel(resolve_model(model))
+        lm = open_model(model)
+        if isinstance(lm, SimModel):
+            raise InputError(f"profile measures llama.cpp's verify time: {lm.path} is a simulated model")
         ws, cs, n_ctx, notes = prof.plan(ws, cs, lm.n_ctx_train)
         for note in notes:
             typer.echo(f"adaspark: note: {note}", err=True)
-        n_threads = threads or default_threads()
-        target = LlamaTarget(lm, n_ctx=n_ctx, threads=n_threads)
-        survey = run_with_progress(prof, target, ws, cs, rounds, disable=no_progress)
-        target.close()
+        with Runtime.open(EngineOptions(model, n_ctx, threads), model=lm) as rt:  # measures only: no arm, no store
+            n_threads = rt.target.threads
+            survey = run_with_progress(rt.target, ws, cs, rounds, disable=no_progress)
 
         out = {
             "schema": SCHEMA,
@@ -114,10 +117,8 @@ def profile(
             typer.echo(f"adaspark: wrote {plot}", err=True)
 
 
-def run_with_progress(prof, target, ws, cs, rounds, disable=False):
+def run_with_progress(target, ws, cs, rounds, disable=False):
     """The survey with a tqdm bar on stderr: one step per (pass, context, width) cell."""
-    from tqdm import tqdm
-
     total = prof.PASSES * len(ws) * len(cs)
     with tqdm(total=total, desc="profile", unit="cell", file=sys.stderr, disable=disable, leave=False) as bar:
         def on_prefill(p, c):
@@ -132,8 +133,6 @@ def run_with_progress(prof, target, ws, cs, rounds, disable=False):
 
 def table(out: dict) -> str:
     """Rows = widths; columns = median ms at each context, alpha, beta (per 1k tokens), max |residual|."""
-    from tabulate import tabulate
-
     cs = out["contexts"]
     cell = {(c["width"], c["context"]): c for c in out["cells"]}
     rows = []
@@ -159,8 +158,6 @@ def table(out: dict) -> str:
 
 def write_plot(path: Path, survey, model_name: str) -> None:
     """Verify time against rows, one line per context; the bars span the passes' medians."""
-    from adaspark_cli.plot import line_plot
-
     series = {}
     for c in survey.contexts:
         cells = [survey.cells[(w, c)] for w in survey.widths]

@@ -1,7 +1,6 @@
 """``adaspark store show|reset|export|import`` and the alias ``adaspark inspect-store``.
 
-Thin: find the store, call the core (store.Store, inspect.summarize), print. main.py registers
-them with ``app.add_typer(store_app, name="store")`` and ``app.command("inspect-store")(inspect_store)``.
+Thin: find the store, call the core (store.Store, store_report.summarize), print.
 
 Which store: ``--store PATH`` names the file; otherwise it is the default store of ``--model``
 (default: the default model) with ``--drafter``, on this machine, as ``adaspark decode`` picks it.
@@ -23,7 +22,15 @@ import orjson
 import typer
 from tabulate import tabulate
 
+from adaspark_cli.console import fail, reported
+from adaspark_core import store as sm
+from adaspark_core.engine.simlm import is_sim
 from adaspark_core.errors import InputError
+from adaspark_core.fingerprint import fingerprint
+from adaspark_core.learned import Learners
+from adaspark_core.models import default_model_file
+from adaspark_core.store import Store, StoreError, default_store_path
+from adaspark_core.store_report import CONTEXTS, summarize
 
 store_app = typer.Typer(
     add_completion=False,
@@ -35,13 +42,6 @@ _STORE_HELP = "The store file (default: the store of --model on this machine, in
 _MODEL_HELP = "GGUF model whose default store to use, and whose fingerprint the store must have (default: the default model)."
 _DRAFTER_HELP = "The drafter the store was learned with, as for decode: none, dspark:FILE or model:FILE."
 _NO_STORE_HINT = "a store is written by the first decode with a learning arm (adaspark, pinned:N, cost)"
-
-
-def _cli():
-    # main.py imports this module to register the commands, so its helpers are imported late.
-    from adaspark_cli.main import fail, reported
-
-    return fail, reported
 
 
 # --- finding and reading a store -------------------------------------------------------------------
@@ -56,8 +56,6 @@ def _existing_file(p: Path, what: str) -> Path:
 def _default_model_file() -> Path:
     """The default model file if it was prepared (``models.default_model`` requantises it into the
     cache on first use; a store command does not run llama.cpp to make it)."""
-    from adaspark_core.models import default_model_file
-
     p = default_model_file()
     if not p.is_file():
         raise InputError(f"the default model has not been prepared yet ({p} is missing), so it has no store: "
@@ -74,24 +72,22 @@ def _drafter_file(spec: Optional[str]) -> Optional[Path]:
     raise InputError(f"unknown drafter {spec!r}: use none, dspark:FILE or model:FILE")
 
 
-def locate(store: Optional[Path], model: Optional[Path], drafter: Optional[str],
+def locate(store: Optional[Path], model: Optional[str], drafter: Optional[str],
            need_fingerprint: bool = False) -> tuple[Path, Optional[dict]]:
     """(store file, the fingerprint it must have, or None for any)."""
-    from adaspark_core.fingerprint import fingerprint
-    from adaspark_core.store import default_store_path
-
     if store is not None and model is None and drafter in (None, "", "none") and not need_fingerprint:
         return store, None
     drafter_file = _drafter_file(drafter)
-    model_file = _existing_file(model, "model file") if model is not None else _default_model_file()
+    if model is not None and is_sim(model):
+        model_file = model
+    else:
+        model_file = _existing_file(Path(model), "model file") if model is not None else _default_model_file()
     fp = fingerprint(model_file, drafter_file)
     return (store if store is not None else default_store_path(fp)), fp
 
 
 def read_store(path: Path, fp: Optional[dict], hint: str):
     """(Store, the schema of the file on disk), never writing it (store.Store.read)."""
-    from adaspark_core.store import Store
-
     return Store.read(path, fp, hint)
 
 
@@ -107,7 +103,7 @@ def _require(path: Path, what: str) -> None:
 
 def inspect_store(
     store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
     drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the whole summary as one JSON object (every bucket weight)."),
     context: Optional[List[int]] = typer.Option(None, "--context", "-c", min=1, help="A context (tokens) to price the laws at; repeat it (default: 443, 1596 and 8444, the paper's Table 1). The affine fit spans the smallest to the largest."),
@@ -116,11 +112,6 @@ def inspect_store(
     """Show what a store has learned: widths and their classes, each class's context law priced
     as in the paper's Table 1 with its affine fit, levels, the fixed cost D, band rates,
     acceptance coefficients and bucket weights, counts, and the fingerprint it is keyed by."""
-    from adaspark_core.inspect import CONTEXTS, summarize
-    from adaspark_core.learned import Learners
-    from adaspark_core.store import StoreError
-
-    _, reported = _cli()
     with reported():
         path, fp = locate(store, model, drafter)
         _require(path, _NO_STORE_HINT)
@@ -151,15 +142,12 @@ store_app.command("show")(inspect_store)
 @store_app.command("reset")
 def reset(
     store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
     drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
     yes: bool = typer.Option(False, "--yes", "-y", help="Remove it (required: this forgets what was learned)."),
 ) -> None:
     """Remove the store file, whatever it holds (also a corrupt one); the learners start from
     empty on the next decode. Nothing else is touched."""
-    from adaspark_core.store import Store
-
-    fail, reported = _cli()
     with reported():
         path, _ = locate(store, model, drafter) if store is None else (store, None)
         if path.is_dir():
@@ -180,13 +168,10 @@ def reset(
 def export(
     file: Path = typer.Argument(..., help="Where to write the copy (replaced if it exists)."),
     store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
     drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
 ) -> None:
     """Copy the store to FILE, atomically, after checking it is a readable store."""
-    from adaspark_core.store import Store
-
-    _, reported = _cli()
     hint = "nothing was exported"
     with reported():
         path, fp = locate(store, model, drafter)
@@ -207,17 +192,13 @@ def export(
 def import_(
     file: Path = typer.Argument(..., help="A store file, e.g. written by `adaspark store export`."),
     store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
-    model: Optional[Path] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
     drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
     force: bool = typer.Option(False, "--force", help="Import a store of another model or machine (its fingerprint is rewritten), and replace a different store already there."),
 ) -> None:
     """Install FILE as the store of a model on this machine. FILE must be a readable store with the
     same fingerprint (model, drafter, machine); a different store already in place is kept. --force
     overrides both. Written atomically; FILE is not modified."""
-    from adaspark_core import store as sm
-    from adaspark_core.learned import Learners
-
-    fail, reported = _cli()
     hint = "nothing was imported"
     with reported():
         path, fp = locate(store, model, drafter, need_fingerprint=True)
@@ -254,8 +235,6 @@ def import_(
 
 
 def _same(cur, fp: dict, src) -> bool:
-    from adaspark_core import store as sm
-
     return sm.same_fingerprint(cur.fingerprint, fp) and cur.counts == src.counts and cur.sections == src.sections
 
 

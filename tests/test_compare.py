@@ -193,24 +193,14 @@ def test_prompt_lookup_arm_traces_every_token():
 
 @pytest.mark.parametrize("max_tokens", [16, 1])
 def test_compare_command_on_a_fake_engine_never_crashes(tmp_path, monkeypatch, max_tokens):
-    """The whole command, in process, on the fake target (every reply reaches the cap): with 16
+    """The whole command, in process, on a simulated model (every reply reaches the cap): with 16
     tokens only the first-N ratio exists; with 1 token (single-delta replies) no ratio does, and the
     figure is skipped with one line instead of an exception."""
     from typer.testing import CliRunner
 
-    import adaspark_cli.main as main
-    from test_replay import CostlyTarget, markov
+    from adaspark_cli.main import app
 
     monkeypatch.setenv("ADASPARK_HOME", str(tmp_path / "home"))
-    model = tmp_path / "fake.gguf"
-    model.write_bytes(b"GGUF fake")
-
-    class FakeModel:
-        path = model
-        is_eog = staticmethod(lambda t: t == 0)
-        chat_prompt = staticmethod(chat_tokens)
-
-    monkeypatch.setattr(main, "load_engine", lambda *a, **k: (FakeModel(), CostlyTarget(markov, n_ctx=4096), None))
     sets = tmp_path / "tiny.json"
     sets.write_bytes(orjson.dumps({"set": "tiny", "subset": "all", "conversations": [
         {"name": f"tiny/c{i}", "kind": "chat", "turns": [{"kind": "chat", "type": "first", "text": f"Say {i}."},
@@ -219,7 +209,7 @@ def test_compare_command_on_a_fake_engine_never_crashes(tmp_path, monkeypatch, m
     out = tmp_path / "out"
     (out / "ratios.png").parent.mkdir()
     (out / "ratios.png").write_bytes(b"an older run's figure")
-    res = CliRunner().invoke(main.app, ["compare", "--sets", str(sets), "--subset", "all", "--arms",
+    res = CliRunner().invoke(app, ["compare", "--model", "sim:cpu-smollm2-q4_0", "--sets", str(sets), "--subset", "all", "--arms",
                                         "ar,chain:3,pinned:4,adaspark", "--max-tokens", str(max_tokens),
                                         "--resamples", "100", "--warm", "1", "--out", str(out),
                                         "--logs", str(out / "logs")])
@@ -232,7 +222,9 @@ def test_compare_command_on_a_fake_engine_never_crashes(tmp_path, monkeypatch, m
     assert s["vs_baseline"]["adaspark"]["overall"]["ratio"] is None       # the paper's rule: nothing left
     assert (out / "logs" / "warm-adaspark.jsonl").is_file() and (out / "logs" / "chain_3.jsonl").is_file()
     if max_tokens > 1:
-        assert s["headline"] == "first_n" and s["first_n"]["vs_baseline"]["adaspark"]["overall"]["replies"] == 6
+        fn = s["first_n"]["vs_baseline"]["adaspark"]["overall"]
+        # a second turn copies the first (the simulated rule repeats): it may fit in one timed round
+        assert s["headline"] == "first_n" and fn["replies"] >= 3 and fn["replies"] + fn["no_interval"] == 6
         assert "all paired replies, first N tokens" in res.stdout
         assert (out / "ratios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:

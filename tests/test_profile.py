@@ -1,17 +1,17 @@
 """``adaspark profile``: the survey's plan, medians and fit on a fake target, the PNG writer, the
 command's bad-input errors, and one tiny real run (marked model)."""
 
+import io
 import struct
 import subprocess
 import sys
-import zlib
 
 import numpy as np
 import orjson
 import pytest
 
-from adaspark_cli.plot import PALETTE, encode_png, line_plot, nice_ticks, text_mask
-from adaspark_core import profile as prof
+from adaspark_cli.plot import line_plot
+from adaspark_core import survey as prof
 from adaspark_core.engine.base import Verified
 from adaspark_core.errors import InputError
 
@@ -174,31 +174,22 @@ def test_bad_widths_and_contexts():
 # --- the PNG writer -------------------------------------------------------------------------------
 
 def read_png(data: bytes):
-    """(width, height, pixels) of an 8-bit RGB PNG with filter-0 rows, checking every chunk's CRC."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, chunks = 8, []
-    while pos < len(data):
-        (n,) = struct.unpack(">I", data[pos : pos + 4])
-        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + n]
-        (crc,) = struct.unpack(">I", data[pos + 8 + n : pos + 12 + n])
-        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF
-        chunks.append((kind, body))
-        pos += 12 + n
-    assert chunks[0][0] == b"IHDR" and chunks[-1] == (b"IEND", b"")
-    w, h, depth, ctype, comp, filt, interlace = struct.unpack(">IIBBBBB", chunks[0][1])
-    assert (depth, ctype, comp, filt, interlace) == (8, 2, 0, 0, 0)
-    raw = zlib.decompress(b"".join(b for k, b in chunks if k == b"IDAT"))
-    assert len(raw) == h * (1 + 3 * w)
-    rows = np.frombuffer(raw, dtype=np.uint8).reshape(h, 1 + 3 * w)
-    assert not rows[:, 0].any()
-    return w, h, rows[:, 1:].reshape(h, w, 3)
+    """(width, height, RGB pixels as floats in [0, 1]) of a PNG: the signature and IHDR checked by
+    hand, the pixels decoded by matplotlib's own reader."""
+    from matplotlib.image import imread
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    w, h = struct.unpack(">II", data[16:24])
+    px = imread(io.BytesIO(data), format="png")
+    assert px.shape[:2] == (h, w)
+    return w, h, px[:, :, :3]
 
 
-def test_encode_png_round_trips():
-    img = np.zeros((3, 4, 3), dtype=np.uint8)
-    img[1, 2] = (10, 20, 30)
-    w, h, px = read_png(encode_png(img))
-    assert (w, h) == (4, 3) and (px == img).all()
+def count(px, color: str) -> int:
+    """Pixels of exactly this matplotlib colour (to within one 8-bit step)."""
+    from matplotlib.colors import to_rgb
+
+    return int((np.abs(px - np.array(to_rgb(color))) <= 1 / 255).all(axis=2).sum())
 
 
 def test_line_plot_writes_a_decodable_png_with_every_series(tmp_path):
@@ -209,30 +200,45 @@ def test_line_plot_writes_a_decodable_png_with_every_series(tmp_path):
     path = line_plot(tmp_path / "p.png", series, "rows", "verify ms", "verify time", size=(640, 400), y_zero=True)
     w, h, px = read_png(path.read_bytes())
     assert (w, h) == (640, 400)
-    for color in PALETTE[:3]:
-        assert (px == np.array(color, dtype=np.uint8)).all(axis=2).sum() > 50
-    black = (px == 0).all(axis=2)
-    assert black.sum() > 500  # axes, ticks and text
-    # the y axis is a long vertical run of black pixels in one column
-    assert black.sum(axis=0).max() > 0.6 * 400 * 0.6
+    for color in ("C0", "C1", "C2"):  # one colour per series, each drawn
+        assert count(px, color) > 50
+    assert count(px, "C3") == 0  # and no fourth
+    assert count(px, "white") > 0.5 * w * h  # a white background with a plot on it
+    assert count(px, "white") < 0.97 * w * h
 
 
 def test_point_and_interval_series_with_categories(tmp_path):
-    path = line_plot(tmp_path / "r.png", {"adaspark / ar": ([0, 1, 2], [1.1, 0.95, 1.3], [1.0, 0.9, 1.2], [1.2, 1.0, 1.4])},
-                     y_label="ratio", connect=False, x_ticks=[(0, "convfinqa"), (1, "longbench"), (2, "specbench")],
-                     hlines=[1.0])
-    w, h, _ = read_png(path.read_bytes())
+    def ratios(with_intervals):
+        lo_hi = ([1.0, 0.9, 1.2], [1.2, 1.0, 1.4]) if with_intervals else ()
+        path = line_plot(tmp_path / "r.png", {"adaspark / ar": ([0, 1, 2], [1.1, 0.95, 1.3], *lo_hi)},
+                         y_label="ratio", connect=False, x_ticks=[(0, "convfinqa"), (1, "longbench"), (2, "specbench")],
+                         hlines=[1.0])
+        return read_png(path.read_bytes())
+
+    w, h, px = ratios(True)
     assert (w, h) == (800, 500)
+    _, _, bare = ratios(False)
+    assert count(px, "C0") > count(bare, "C0") + 30  # the whiskers are drawn in the series' colour
     with pytest.raises(ValueError):
         line_plot(tmp_path / "bad.png", {"x": ([1, 2], [1])})
+    with pytest.raises(ValueError):
+        line_plot(tmp_path / "bad.png", {"x": ([1, 2], [1, 2], [0], [3])})
+    assert not (tmp_path / "bad.png").exists()
 
 
-def test_ticks_and_font():
-    assert nice_ticks(0, 151) == [0, 50, 100, 150, 200]
-    assert nice_ticks(0.8, 1.6) == pytest.approx([0.8, 1.0, 1.2, 1.4, 1.6])
-    assert all(float(t).is_integer() for t in nice_ticks(0.9, 4.1, 8, integer=True))
-    m = text_mask("ms 1.5", scale=2)
-    assert m.shape == (14, 2 * (6 * 6 - 1)) and m.any()
+def test_without_matplotlib_a_plot_is_one_error_line(tmp_path, monkeypatch):
+    from adaspark_cli.plot import missing, require_matplotlib
+
+    assert missing() == ""
+    require_matplotlib()  # installed (the test extra): no error
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # now `import matplotlib` fails
+    with pytest.raises(InputError) as e:
+        require_matplotlib()
+    assert str(e.value) == "--plot needs matplotlib: pip install 'adaspark[plot]'"
+    assert "pip install 'adaspark[plot]'" in missing() and "\n" not in missing()
+    with pytest.raises(InputError, match="needs matplotlib"):
+        line_plot(tmp_path / "p.png", {"x": ([1, 2], [1, 2])})
+    assert not (tmp_path / "p.png").exists()
 
 
 # --- the command ----------------------------------------------------------------------------------
@@ -262,6 +268,15 @@ def test_unreadable_models_are_one_error_line(tmp_path):
 
 def test_plot_must_be_a_png(tmp_path):
     assert_one_error_line(profile_cmd("--plot", tmp_path / "p.jpg"), ".png")
+
+
+def test_plot_without_matplotlib_is_refused_before_anything_runs(tmp_path):
+    """The matplotlib error comes before the model is even looked for (it would be "not found")."""
+    res = subprocess.run([sys.executable, "-c", "import sys; sys.modules['matplotlib'] = None; " + APP, "profile",
+                          "--model", str(tmp_path / "nope.gguf"), "--plot", str(tmp_path / "p.png")],
+                         capture_output=True, text=True, timeout=120)
+    assert_one_error_line(res, "--plot needs matplotlib", "adaspark[plot]")
+    assert not (tmp_path / "p.png").exists()
 
 
 @pytest.mark.model

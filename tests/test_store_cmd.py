@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 import pytest
 
-from adaspark_core.inspect import CONTEXTS, COEFFICIENTS, affine_fit, summarize
+from adaspark_core.store_report import CONTEXTS, COEFFICIENTS, affine_fit, summarize
 from adaspark_core.learned import Learners
 from adaspark_core.record import read_log
 from adaspark_core.replay import replay

@@ -1,0 +1,103 @@
+"""What every command shares: one-line errors and exit codes, reading prompt text, the model
+options. Commands import this module; only main.py imports the commands, so there is no loop.
+
+Text goes to stdout, diagnostics to stderr; bad usage or bad input is one line on stderr and exit
+code 2, a write that fails (a full disk) exit code 1."""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import orjson
+import typer
+
+from adaspark_core.errors import InputError, OutputError
+
+
+def fail(message: str) -> None:
+    typer.echo(f"adaspark: error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+@contextmanager
+def reported():
+    """Turn the core's input errors into one line and exit code 2 (output errors: exit code 1);
+    end quietly when the reader of stdout goes away (``| head``) or the user interrupts."""
+    try:
+        yield
+    except InputError as e:
+        fail(str(e))
+    except OutputError as e:
+        typer.echo(f"adaspark: error: {e}", err=True)
+        raise typer.Exit(1)
+    except BrokenPipeError:
+        quiet_stdout()
+        raise typer.Exit(0)
+    except KeyboardInterrupt:
+        typer.echo("", err=True)
+        raise typer.Exit(130)
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null after its reader went away, so the interpreter's final flush
+    does not fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def read_prompt(path: str) -> str:
+    """The prompt text of a file, or of stdin for ``-``; one error line if it cannot be read, is
+    not UTF-8, or is empty."""
+    if path == "-":
+        if sys.stdin is None:
+            fail("stdin is closed: give the prompt on stdin or name a prompt file")
+        raw, what = sys.stdin.buffer.read(), "stdin"
+    else:
+        p = Path(path)
+        if p.is_dir():
+            fail(f"the prompt {p} is a directory; name a text file")
+        try:
+            raw, what = p.read_bytes(), f"prompt file {p}"
+        except FileNotFoundError:
+            fail(f"prompt file not found: {p}")
+        except OSError as e:
+            fail(f"cannot read the prompt file {p}: {e.strerror or e}")
+    text = utf8(raw, what)
+    if not text.strip():
+        fail(f"prompt is empty: {path}")
+    return text
+
+
+def utf8(raw: bytes | str, what: str) -> str:
+    """``raw`` as text; one error line if it is not UTF-8 (a command-line argument that is not
+    reaches Python as a str holding lone surrogates)."""
+    try:
+        return raw.decode("utf-8") if isinstance(raw, bytes) else raw.encode("utf-8").decode("utf-8")
+    except UnicodeError:
+        fail(f"{what} is not UTF-8 text")
+
+
+def write_json(obj) -> None:
+    """One JSON object as one line on stdout."""
+    sys.stdout.write(orjson.dumps(obj).decode() + "\n")
+    sys.stdout.flush()
+
+
+def histogram(counts: dict) -> str:
+    return " ".join(f"{k}:{v}" for k, v in sorted(counts.items()))
+
+
+# --- the options that pick and load the model (decode, serve-stdin, compare) -----------------------
+
+MODEL = typer.Option(None, "--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct, Q4_0), or sim:CURVE, a simulated model for tests (engine/simlm.py).")
+DRAFTER = typer.Option("none", "--drafter", help="none (n-gram candidates only), dspark:FILE (a DSpark block drafter GGUF made for the model) or model:FILE (a draft model with the model's vocabulary).")
+BLOCK = typer.Option(None, "--block", min=1, help="Positions a model drafter proposes per round (B; default: a DSpark file's block size, 4 for a draft model).")
+TOP_K = typer.Option(8, "--top-k", min=1, help="Candidates a model drafter keeps per position (K).")
+N_CTX = typer.Option(None, "--n-ctx", min=16, help="Context size (default: the model's, at most 8192).")
+THREADS = typer.Option(None, "--threads", min=1, help="CPU threads (default: all).")
+ARM = typer.Option("adaspark", "--arm", help="adaspark, cost, pinned:N, tree:N, chain:N or ar.")
+STORE = typer.Option(None, "--store", help="Learned state for the learning arms (default: one per model, drafter and machine, in the cache).")
+LOG = typer.Option(None, "--log", help="Append one JSON line per round to this file (for adaspark replay).")
+

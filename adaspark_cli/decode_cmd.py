@@ -1,0 +1,68 @@
+"""``adaspark decode``: one reply, streamed to stdout, a summary on stderr."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from adaspark_cli import console
+from adaspark_cli.console import reported
+from adaspark_core.runtime import EngineOptions, Runtime
+
+
+def decode(
+    prompt_file: str = typer.Argument(..., help="File with the prompt text, or - for stdin."),
+    model: Optional[str] = console.MODEL,
+    arm: str = typer.Option("adaspark", "--arm", help="adaspark, cost, pinned:N, tree:N, chain:N or ar (see below)."),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
+    raw: bool = typer.Option(False, "--raw", help="Send the text as is, without the model's chat template."),
+    system: Optional[str] = typer.Option(None, "--system", help="A system message (chat mode)."),
+    log: Optional[Path] = console.LOG,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (text and statistics) instead of streaming."),
+    n_ctx: Optional[int] = console.N_CTX,
+    threads: Optional[int] = console.THREADS,
+    store: Optional[Path] = console.STORE,
+    drafter: str = console.DRAFTER,
+    block: Optional[int] = console.BLOCK,
+    top_k: int = console.TOP_K,
+) -> None:
+    """Decode a reply to PROMPT_FILE, streaming it to stdout; a summary goes to stderr.
+
+    Arms: ar, chain:N (at most N draft tokens), tree:N (N rows), pinned:N (N rows, learners on),
+    cost (learned width, no n-gram), adaspark (learned width with n-gram candidates)."""
+    text = console.read_prompt(prompt_file)
+    system = console.utf8(system, "--system") if system is not None else None
+    with reported(), Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k),
+                                  arm=arm, store=store, log=log) as rt:
+        if raw:
+            prompt = rt.tokens(text)
+        else:
+            prompt = rt.chat(([{"role": "system", "content": system}] if system else [])
+                             + [{"role": "user", "content": text}])
+        gen = rt.generation(prompt, max_tokens, request_id=Path(prompt_file).name)
+        try:
+            text_out = rt.run(gen, on_text=None if as_json else _write)
+        finally:
+            rt.save(rounds=gen.stats.rounds, requests=1)
+        st = gen.stats
+        if as_json:
+            console.write_json({"text": text_out, "model": str(rt.model.path), "arm": rt.arm.name,
+                                "prompt_tokens": len(prompt), "finish": gen.finish, **st.to_json()})
+            return
+        _write("\n")
+        tps = f"{st.decode_tps:.1f} tok/s" if st.decode_tps else "n/a (one delta)"
+        typer.echo(
+            f"[{rt.arm.name}] {st.generated} tokens in {st.rounds} rounds "
+            f"({st.tokens_per_round:.2f} tokens/round), decode {tps}, finish {gen.finish}\n"
+            f"  widths (rows: rounds)      {console.histogram(st.widths)}\n"
+            f"  accepted (drafts: rounds)  {console.histogram(st.accepted)}",
+            err=True,
+        )
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
