@@ -47,7 +47,7 @@ def default_model(quant: str = "q4_0") -> Path:
     target = default_model_file()
     if target.is_file():
         return target
-    from .engine.llama import quantize
+    from .engine.bindings import quantize
 
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".quant-", suffix=".gguf", dir=target.parent)

@@ -158,7 +158,7 @@ def server_command(binary: Path, spec: PeerSpec, model_path, n_ctx: int, threads
     """The server's command line for one arm."""
     return [str(binary), "-m", str(model_path), "-c", str(n_ctx), "-t", str(threads), "-tb", str(threads),
             "-np", "1", "--host", HOST, "--port", str(port), "--no-ui",
-            "-fa", "off",  # as our engine (FLASH_ATTN_NOTE in engine/llama.py)
+            "-fa", "off",  # as our engine (FLASH_ATTN_NOTE in engine/bindings.py)
             "--cache-ram", "0", "--no-cache-prompt",  # every reply prefills, as ours do
             "--temp", "0", "--top-k", "1", "--seed", "0",
             *spec.server_args()]
@@ -379,7 +379,7 @@ class LlamaServerArm:
     def command(self, port: int) -> list[str]:
         threads = self.threads
         if threads is None:
-            from .engine.llama import default_threads
+            from .engine.bindings import default_threads
 
             threads = default_threads()
         return server_command(self.binary, self.spec, self.model_path, self.n_ctx, threads, port)

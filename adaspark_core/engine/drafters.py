@@ -19,7 +19,9 @@ import numpy as np
 
 from ..errors import InputError
 from ..tree import ANCHOR, PICK, SIBLING, Candidate, child_of
-from .llama import DSparkContext, LlamaModel, LlamaSequence, LlamaTarget, check_gguf
+from .bindings import check_gguf
+from .dspark import DSparkContext
+from .llama import LlamaModel, LlamaSequence, LlamaTarget
 
 
 def top_k(logits: np.ndarray, k: int) -> tuple[list[int], list[float], float]:

@@ -1,6 +1,6 @@
 """llama-cpp-python target: tree verify in one llama_decode, KV commit, chat template, timing.
 
-This is the one module of the package that owns ctypes and llama.cpp calls.
+The model, the target and a drafter's sequence; bindings.py holds what they share with dspark.py.
 
 How a tree is verified (DESIGN.md, "Engine facts"): the context is created with a unified KV
 cache. Every leaf of the tree gets its own sequence id 1..L; a row's sequence-id set is the set of
@@ -25,7 +25,6 @@ import ctypes
 import os
 import re
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -34,122 +33,8 @@ import llama_cpp as L
 from ..errors import InputError
 from ..tree import Layout
 from .base import Verified
-
-GGUF_MAGIC = b"GGUF"
-
-# FLASH_ATTN_NOTE: flash attention is off by default. Measured on the default model (2-core CPU,
-# llama-cpp-python 0.3.36): with it on, a row's logits change with the number of rows in the batch
-# (up to 1.7 logits), so a tree would not verify the same text as a chain, and a 16-row verify at
-# 1,500 tokens of context took 158 ms against 62 ms with it off. With it off, every batch of two
-# rows or more computes each row bit for bit as a one-batch re-score does (paper 3.5: only the
-# one-row kernel differs).
-MAX_SEQ = 256  # LLAMA_MAX_SEQ in the vendored llama.cpp
-UINT32_MAX = 2**32 - 1  # llama.cpp's context sizes are uint32_t
-
-_backend_ready = False
-_quiet_log = None  # keeps the ctypes callback alive
-
-
-def _init_backend(verbose: bool) -> None:
-    global _backend_ready, _quiet_log
-    if _backend_ready:
-        return
-    L.llama_backend_init()
-    if not verbose:
-        _quiet_log = L.llama_log_callback(lambda level, text, user: None)
-        L.llama_log_set(_quiet_log, ctypes.c_void_p(0))
-    _backend_ready = True
-
-
-# --- llama.cpp's C++-linkage extensions (DSpark) ---------------------------------------------------
-# The functions of the vendored llama-ext.h have C++ linkage: libllama.so exports them under
-# Itanium-mangled names (llama_cpp_ext.py binds a few the same way). Bound on first use, so a
-# build without them fails only when a DSpark drafter is asked for.
-_EXT_SIGNATURES = {
-    "set_embeddings_layer_inp": ("_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
-                                 [L.llama_context_p_ctypes, ctypes.c_uint32, ctypes.c_bool], None),
-    "get_embeddings_layer_inp": ("_Z30llama_get_embeddings_layer_inpP13llama_contextj",
-                                 [L.llama_context_p_ctypes, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float)),
-    "target_layer_ids": ("_Z28llama_model_target_layer_idsPK11llama_model",
-                         [L.llama_model_p_ctypes], ctypes.POINTER(ctypes.c_int32)),
-    "target_layer_ids_n": ("_Z30llama_model_target_layer_ids_nPK11llama_model",
-                           [L.llama_model_p_ctypes], ctypes.c_uint32),
-    "dflash_selector_top_k": ("_Z33llama_model_dflash_selector_top_kPK11llama_model",
-                              [L.llama_model_p_ctypes], ctypes.c_int32),
-    "set_embeddings_nextn": ("_Z26llama_set_embeddings_nextnP13llama_contextbb",
-                             [L.llama_context_p_ctypes, ctypes.c_bool, ctypes.c_bool], None),
-    "get_embeddings_nextn": ("_Z26llama_get_embeddings_nextnP13llama_context",
-                             [L.llama_context_p_ctypes], ctypes.POINTER(ctypes.c_float)),
-}
-_ext_bound: dict = {}
-
-
-def _ext(name: str):
-    f = _ext_bound.get(name)
-    if f is None:
-        symbol, argtypes, restype = _EXT_SIGNATURES[name]
-        try:
-            f = getattr(L.llama_cpp._lib, symbol)
-        except AttributeError:
-            raise InputError(f"this llama-cpp-python build does not export {symbol} (llama_{name}); "
-                             "DSpark needs llama-cpp-python 0.3.36's libllama") from None
-        f.argtypes, f.restype = argtypes, restype
-        _ext_bound[name] = f
-    return f
-
-
-# Target architectures whose graph exposes its layers' inputs, which a DSpark drafter reads: the
-# vendored src/models/*.cpp that set t_layer_inp, by their general.architecture names. On any
-# other architecture llama.cpp aborts the process when the inputs are read, so it is checked here.
-HIDDEN_STATE_ARCHS = frozenset({
-    "bailingmoe3", "deepseek4", "gemma4", "gpt-oss", "hunyuan_vl", "lfm2", "llama", "mimo2", "minimax-01",
-    "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "qwen3", "qwen35", "qwen35moe", "qwen3moe",
-    "qwen3next", "qwen4exp",
-})
-
-
-def check_gguf(path: str | os.PathLike) -> Path:
-    """The path, if it names a readable GGUF file; InputError otherwise."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"model file not found: {p}")
-    try:
-        with open(p, "rb") as f:
-            magic = f.read(4)
-    except OSError as e:
-        raise InputError(f"cannot read model file {p}: {e.strerror}") from None
-    if magic != GGUF_MAGIC:
-        raise InputError(f"not a GGUF model file: {p}")
-    return p
-
-
-def quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: int, threads: int = 0) -> None:
-    """Write a requantised copy of ``src`` (llama_model_quantize with allow_requantize)."""
-    _init_backend(verbose=False)
-    params = L.llama_model_quantize_default_params()
-    params.ftype = ftype
-    params.allow_requantize = True
-    params.nthread = threads
-    rc = L.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
-    if rc != 0:
-        raise RuntimeError(f"llama_model_quantize failed ({rc}) for {src}")
-
-
-def default_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-
-
-MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS: past it a context segfaults (seen at 100000)
-
-
-def thread_count(threads: int | None) -> int:
-    """``threads``, or all the CPUs this process may use; InputError outside 1..MAX_THREADS
-    before llama.cpp sees the number."""
-    if threads is None:
-        return default_threads()
-    if not 1 <= threads <= MAX_THREADS:
-        raise InputError(f"--threads must be between 1 and {MAX_THREADS} (ggml's limit), not {threads}")
-    return threads
+from .bindings import (HIDDEN_STATE_ARCHS, MAX_SEQ, UINT32_MAX, FreedWithObject, ext, init_backend,
+                       check_gguf, thread_count)
 
 
 class LlamaModel:
@@ -157,7 +42,7 @@ class LlamaModel:
 
     def __init__(self, path: str | os.PathLike, verbose: bool = False):
         self.path = check_gguf(path)
-        _init_backend(verbose)
+        init_backend(verbose)
         mparams = L.llama_model_default_params()
         self.ptr = L.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self.ptr:
@@ -310,20 +195,7 @@ class LlamaModel:
         return self._piece_buf.raw[: max(n, 0)]
 
 
-class _FreedWithObject:
-    """Contexts hold large buffers: free them (``close``) when the object goes."""
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-class LlamaTarget(_FreedWithObject):
+class LlamaTarget(FreedWithObject):
     """A target for tree verification on one llama.cpp context.
 
     State between rounds: sequence 0 holds the committed tokens except the last one, the anchor,
@@ -542,12 +414,12 @@ class LlamaTarget(_FreedWithObject):
             raise InputError(f"the drafter reads target layers {bad}; {self.model.path.name} has "
                              f"{self.model.n_layer} layers")
         for lid in layer_ids:
-            _ext("set_embeddings_layer_inp")(self.ctx, lid, True)
+            ext("set_embeddings_layer_inp")(self.ctx, lid, True)
         self._hidden_ids = list(layer_ids)
 
     def _read_hidden(self, rows: int) -> np.ndarray:
         """The last decode's rows of the captured layer inputs, side by side: (rows, layers x n_embd)."""
-        get, n_embd = _ext("get_embeddings_layer_inp"), self.model.n_embd
+        get, n_embd = ext("get_embeddings_layer_inp"), self.model.n_embd
         parts = [np.ctypeslib.as_array(get(self.ctx, lid), (rows, n_embd)) for lid in self._hidden_ids]
         return np.concatenate(parts, axis=1)  # a copy: the buffers are overwritten by the next decode
 
@@ -588,7 +460,7 @@ class LlamaTarget(_FreedWithObject):
         return L.llama_state_seq_get_size(self.ctx, seq)
 
 
-class LlamaSequence(_FreedWithObject):
+class LlamaSequence(FreedWithObject):
     """One KV sequence on its own context, for a drafter: append tokens at the end, read the
     logits of the last one, drop a tail. (The draft model's cache; the target is LlamaTarget.)"""
 
@@ -650,124 +522,6 @@ class LlamaSequence(_FreedWithObject):
         if n < self.n_past:
             L.llama_memory_seq_rm(self.mem, 0, n, -1)
             self.n_past = n
-
-
-
-class DSparkContext(_FreedWithObject):
-    """A DSpark block drafter (the ``dflash`` architecture with a Markov head) on its own context,
-    reading a target's hidden states, as vendored common/speculative.cpp runs it.
-
-    The drafter has no embeddings or output head of its own: llama.cpp lends it the target's
-    (``ctx_other``). Its KV cache holds, at every committed position but the anchor's, the
-    target's captured layer inputs projected by the drafter (``inject``). A block is the anchor
-    followed by mask tokens, decoded in one non-causal pass; slot i's logits (the Markov head's
-    bias for the previous slot's argmax already added) propose the token at depth i + 1, and its
-    confidence head the chance that slot is accepted given the slots before it are."""
-
-    def __init__(self, model: LlamaModel, target: LlamaTarget, threads: int | None = None):
-        if model.arch != "dflash":
-            raise InputError(f"{model.path.name} is not a DSpark drafter (its architecture is {model.arch!r}, "
-                             "not 'dflash')")
-        if _ext("dflash_selector_top_k")(model.ptr) > 0:
-            raise InputError(f"{model.path.name} is a DFlash2 selector drafter, not DSpark: its selector "
-                             "replaces the confidence head AdaSpark prices with")
-        if model.meta("dflash.sample_from_anchor") == "false":
-            raise InputError(f"{model.path.name} does not sample from the anchor; AdaSpark runs anchor-first "
-                             "DSpark blocks")
-        block = model.meta("dflash.block_size")
-        self.mask = L.llama_vocab_mask(model.vocab)
-        if not block or self.mask < 0:
-            raise InputError(f"{model.path.name} has no {'block size' if not block else 'mask token'}")
-        tm = target.model
-        if model.n_embd != tm.n_embd or model.n_vocab != tm.n_vocab:
-            raise InputError(f"DSpark drafter {model.path.name} (width {model.n_embd}, {model.n_vocab} tokens) "
-                             f"was not made for {tm.path.name} (width {tm.n_embd}, {tm.n_vocab} tokens)")
-        self.model = model
-        self.block_size = int(block)
-        self.has_confidence = model.meta("dflash.has_confidence_head") == "true"
-        n_ids = _ext("target_layer_ids_n")(model.ptr)
-        ids = _ext("target_layer_ids")(model.ptr)
-        self.layer_ids = [int(ids[i]) for i in range(n_ids)]
-        target.capture_hidden(self.layer_ids)
-        threads = thread_count(threads)
-        cp = L.llama_context_default_params()
-        cp.n_ctx = target.n_ctx
-        cp.n_batch = cp.n_ubatch = max(target._cap, self.block_size)  # a prefill chunk of rows at once
-        cp.n_seq_max = 1
-        cp.n_outputs_max = self.block_size
-        cp.n_threads = cp.n_threads_batch = threads
-        cp.no_perf = True
-        cp.flash_attn_type = 0  # as the target (FLASH_ATTN_NOTE)
-        cp.ctx_other = target.ctx
-        self.ctx = L.llama_init_from_model(model.ptr, cp)
-        if not self.ctx:
-            raise InputError(f"llama.cpp could not create a DSpark context for {model.path.name}")
-        _ext("set_embeddings_nextn")(self.ctx, True, True)  # the confidence, one row per output
-        L.llama_set_causal_attn(self.ctx, False)  # a block attends both ways
-        self.mem = L.llama_get_memory(self.ctx)
-        self.n_vocab = model.n_vocab
-        self._pos = (L.llama_pos * 4)()
-
-    def close(self) -> None:
-        if getattr(self, "ctx", None):
-            L.llama_free(self.ctx)
-            self.ctx = None
-
-    def clear(self) -> None:
-        L.llama_memory_clear(self.mem, True)
-
-    def truncate(self, n: int) -> None:
-        """Keep the cells of positions below ``n``."""
-        L.llama_memory_seq_rm(self.mem, 0, n, -1)
-
-    def pos_range(self) -> tuple[int, int] | None:
-        lo = L.llama_memory_seq_pos_min(self.mem, 0)
-        return None if lo < 0 else (lo, L.llama_memory_seq_pos_max(self.mem, 0))
-
-    def _process(self, batch, what: str) -> None:
-        try:
-            rc = L.llama_process(self.ctx, L.LLAMA_PROCESS_TYPE_DECODE, batch)
-        finally:
-            L.llama_batch_ext_free(batch)
-        if rc != 0:
-            raise RuntimeError(f"DSpark {what} failed with code {rc}")
-
-    def _set_pos(self, batch, idx: int, pos: int) -> None:
-        self._pos[0] = pos
-        L.llama_batch_ext_set_pos(batch, idx, self._pos)
-
-    def inject(self, pos0: int, rows: np.ndarray) -> None:
-        """Put the target's captured rows for positions pos0, pos0 + 1, ... into the KV cache."""
-        rows = np.ascontiguousarray(rows, dtype=np.float32)
-        width = rows.shape[1]
-        fp = ctypes.POINTER(ctypes.c_float)
-        b = L.llama_batch_ext_init(self.ctx)
-        for i in range(rows.shape[0]):
-            idx = L.llama_batch_ext_add_embd(b, 0, L.llama_embd(rows[i].ctypes.data_as(fp), 1, width))
-            self._set_pos(b, idx, pos0 + i)
-        self._process(b, "hidden-state injection")
-
-    def draft(self, anchor: int, pos0: int, n: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """One block of ``n`` slots (at most the block size) for the anchor at ``pos0``: the logits
-        (n, n_vocab) and the confidence (n,), None without a confidence head. The block's cells
-        are dropped again, so the cache keeps only committed positions."""
-        n = min(n, self.block_size)
-        b = L.llama_batch_ext_init(self.ctx)
-        for i in range(n):
-            idx = L.llama_batch_ext_add_token(b, 0, anchor if i == 0 else self.mask)
-            self._set_pos(b, idx, pos0 + i)
-            L.llama_batch_ext_set_output_logits(b, idx, True)
-        try:
-            self._process(b, "block decode")
-            logits = np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, i), (self.n_vocab,))
-                               for i in range(n)])  # np.stack copies
-            conf = None
-            if self.has_confidence:
-                h = np.ctypeslib.as_array(_ext("get_embeddings_nextn")(self.ctx), (n, self.model.n_embd))
-                conf = h[:, 0].copy()  # the scalar is broadcast along each row
-        finally:
-            self.truncate(pos0)
-        return logits, conf
 
 
 def score(model: LlamaModel, tokens: list[int], threads: int | None = None, flash_attn: bool = False) -> np.ndarray:
