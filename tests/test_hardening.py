@@ -14,7 +14,7 @@ from adaspark_core.files import replace
 from adaspark_core.record import LogWriteError, RoundLog, RoundRecord, Timing, read_log
 from adaspark_core.store import Store, StoreBusy
 
-from conftest import PROMPTS, ROOT
+from conftest import PROMPTS, ROOT, SIM
 from test_cli import adaspark, assert_one_error_line
 
 FP = {"model": {"size": 1, "sha256": "ab"}, "machine": {"cpu": "test"}}
@@ -107,10 +107,9 @@ def test_the_lock_dies_with_a_killed_holder(tmp_path):
     Store.open(path, FP).close()
 
 
-@pytest.mark.model
 def test_two_servers_on_one_store_one_refused_and_every_request_counted(tmp_path):
     store = tmp_path / "s.json"
-    cmd = [sys.executable, "-m", "adaspark_cli.main", "serve-stdin", "--store", store, "--max-tokens", "4"]
+    cmd = [sys.executable, "-m", "adaspark_cli.main", "serve-stdin", "--model", SIM, "--store", store, "--max-tokens", "4"]
     first = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert "ready" in first.stderr.readline()
@@ -170,21 +169,19 @@ def test_a_closed_log_refuses_to_write(tmp_path):
         log.write(record(0))
 
 
-@pytest.mark.model
 def test_decode_with_a_full_log_disk_ends_with_one_line_and_keeps_the_learning(tmp_path):
     store = tmp_path / "s.json"
-    res = adaspark("decode", PROMPT, "-n", "8", "--log", "/dev/full", "--store", store)
+    res = adaspark("decode", PROMPT, "--model", SIM, "-n", "8", "--log", "/dev/full", "--store", store)
     assert res.returncode == 1
     assert res.stderr.strip().splitlines() == ["adaspark: error: cannot write the round log /dev/full: "
                                                "No space left on device"]
     assert orjson.loads(store.read_bytes())["counts"] == {"requests": 1, "rounds": 1}
 
 
-@pytest.mark.model
 def test_serve_with_a_full_log_disk_answers_every_request_with_an_error_and_goes_on(tmp_path):
     store = tmp_path / "s.json"
     lines = '{"id": 1, "prompt": "Hi", "max_tokens": 4}\n{"id": 2, "prompt": "Ho", "max_tokens": 4, "stream": true}\n'
-    res = subprocess.run([sys.executable, "-m", "adaspark_cli.main", "serve-stdin", "--log", "/dev/full",
+    res = subprocess.run([sys.executable, "-m", "adaspark_cli.main", "serve-stdin", "--model", SIM, "--log", "/dev/full",
                           "--store", store], input=lines, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "Traceback" not in res.stderr
     out = [orjson.loads(x) for x in res.stdout.splitlines()]
@@ -286,10 +283,10 @@ def fuzz_lines(rng: random.Random, n: int) -> list[bytes]:
     return lines
 
 
-@pytest.mark.model
 def test_serve_stdin_answers_every_fuzzed_line_once_and_never_crashes(tmp_path):
     lines = fuzz_lines(random.Random(13), 200)
-    res = subprocess.run([sys.executable, "-m", "adaspark_cli.main", "serve-stdin", "--store", tmp_path / "s.json"],
+    res = subprocess.run([sys.executable, "-m", "adaspark_cli.main", "serve-stdin", "--model", SIM,
+                          "--store", tmp_path / "s.json"],
                          input=b"".join(x + b"\n" for x in lines), capture_output=True, timeout=600)
     assert res.returncode == 0 and b"Traceback" not in res.stderr, res.stderr.decode(errors="replace")[-2000:]
     out = [orjson.loads(x) for x in res.stdout.splitlines()]

@@ -3,7 +3,6 @@ line, the stream reader and its client-clock timing on canned streams, the proce
 stand-in server script, and (with the binary `make peer` builds) a real reply against our ar."""
 
 import json
-import os
 import stat
 import sys
 import textwrap

@@ -16,7 +16,7 @@ from adaspark_core.replay import replay
 from adaspark_core.serving import RequestError, parse_request
 from adaspark_core.store import Store
 
-from conftest import PROMPTS
+from conftest import PROMPTS, SIM
 
 CMD = [sys.executable, "-m", "adaspark_cli.main", "serve-stdin"]
 
@@ -56,7 +56,6 @@ def request(rid, **kw):
     return orjson.dumps({"id": rid, **kw}).decode() + "\n"
 
 
-@pytest.mark.model
 def test_a_stream_of_requests_with_bad_lines_is_served_and_learned_into_the_store(tmp_path):
     store, log = tmp_path / "store.json", tmp_path / "rounds.jsonl"
     texts = [(PROMPTS / n).read_text() for n in ("rewrite.txt", "explain.txt", "list.txt", "code.txt")]
@@ -78,7 +77,7 @@ def test_a_stream_of_requests_with_bad_lines_is_served_and_learned_into_the_stor
             lines.append(request("too-long", prompt="word " * 5000))  # longer than --n-ctx
             expected.append(("error", "too-long"))
     lines.insert(6, "\n")  # a blank line is skipped, not an error
-    res, out = serve(lines, "--store", store, "--log", log, "--n-ctx", 2048)
+    res, out = serve(lines, "--model", SIM, "--store", store, "--log", log, "--n-ctx", 2048)
     assert res.returncode == 0, res.stderr
     finals = [o for o in out if "delta" not in o]
     assert [("error" if "error" in o else "ok", o["id"]) for o in finals] == expected
@@ -107,15 +106,14 @@ def test_a_stream_of_requests_with_bad_lines_is_served_and_learned_into_the_stor
     assert len(report.requests) == 20
     # A second server on the same store begins from the learned widths: no cold-start round.
     log2 = tmp_path / "second.jsonl"
-    res, out = serve([request("again", prompt=texts[1], max_tokens=48)], "--store", store, "--log", log2)
+    res, out = serve([request("again", prompt=texts[1], max_tokens=48)], "--model", SIM, "--store", store, "--log", log2)
     assert res.returncode == 0 and out[-1]["done"], res.stderr
     assert all(r.measure is None for r in read_log(log2))
     assert orjson.loads(store.read_bytes())["counts"]["requests"] == 21
 
 
-@pytest.mark.model
 def test_a_multi_turn_conversation_carries_the_clients_history(tmp_path):
-    proc = subprocess.Popen([*CMD, "--store", tmp_path / "s.json"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*CMD, "--model", SIM, "--store", tmp_path / "s.json"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     messages = []
     replies = []
@@ -151,7 +149,7 @@ def test_a_signal_ends_the_server_cleanly_and_saves(tmp_path, sig, code):
     assert saved.counts["requests"] == 1
 
 
-@pytest.mark.model
+@pytest.mark.slow  # 20 processes killed in turn: a long run
 def test_sigkill_at_random_moments_never_leaves_an_unreadable_store(tmp_path):
     store = tmp_path / "s.json"
     rng = random.Random(0)
@@ -159,11 +157,11 @@ def test_sigkill_at_random_moments_never_leaves_an_unreadable_store(tmp_path):
     stdin = "".join(request(i, prompt=prompts[i % 3], max_tokens=8) for i in range(200))
     seen = set()
     for trial in range(20):
-        proc = subprocess.Popen([*CMD, "--store", store], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, text=True)
+        proc = subprocess.Popen([*CMD, "--model", SIM, "--store", store], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
         proc.stdin.write(stdin)
         proc.stdin.flush()
-        time.sleep(rng.uniform(0.3, 2.5))
+        time.sleep(rng.uniform(0.2, 1.2))  # the simulated model starts in ~0.3 s: kills before, between and during saves
         proc.kill()
         proc.wait()
         if store.exists():

@@ -22,7 +22,7 @@ from adaspark_core.scheduler import Generation, parse_arm
 from adaspark_core.fingerprint import fingerprint
 from adaspark_core.store import SCHEMA, Store, StoreError
 
-from conftest import PROMPTS
+from conftest import PROMPTS, SIM
 from test_cli import adaspark, assert_one_error_line
 
 FIXTURE_LOG = PROMPTS.parent / "logs" / "rounds.jsonl"
@@ -236,12 +236,11 @@ def empty_laws(sections):
     return d
 
 
-@pytest.mark.model
-def test_decode_refuses_a_damaged_store_before_decoding_and_leaves_it(tmp_path, trained, default_model_path):
-    fp = fingerprint(default_model_path, digest_cache=tmp_path / "digests.json")
+def test_decode_refuses_a_damaged_store_before_decoding_and_leaves_it(tmp_path, trained):
+    fp = fingerprint(SIM)
     path = write_store(tmp_path / "store.json", fp, empty_laws(trained))
     before = path.read_bytes()
-    res = adaspark("decode", PROMPTS / "story.txt", "-n", 16, "--store", path)
+    res = adaspark("decode", PROMPTS / "story.txt", "--model", SIM, "-n", 16, "--store", path)
     assert_one_error_line(res, str(path), "is damaged", "classes.1.law.ftrl.z has 0 items", "left as is")
     assert path.read_bytes() == before
 
