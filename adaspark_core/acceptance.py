@@ -48,7 +48,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from .checks import count, fields
+from .checks import VERSION_FIELD, count, fields, section
 from .ngram import evidence_bin
 from .online import AdaGradScalar, Decayed, GatedFTRL
 from .tree import ANCHOR, NGRAM, PICK, SIBLING, hindsight_path
@@ -199,14 +199,12 @@ class RoundScore:
 
 
 class AcceptanceModel:
-    """Eq. 6, its learning, the head-based estimate and the guard between them.
+    """Eq. 6, its learning, the head-based estimate and the guard between them."""
 
-    ``fitted_allowed=False`` (the ``cost`` arm) prices with the head-based estimate always; the
-    model still learns, so the guard's record is the same either way."""
+    VERSION = 1  # of its section (state)
 
-    def __init__(self, params: AcceptParams | None = None, fitted_allowed: bool = True):
+    def __init__(self, params: AcceptParams | None = None):
         self.p = p = params or AcceptParams()
-        self.fitted_allowed = fitted_allowed
         self.coef = GatedFTRL(p.coef_rate, p.coef_beta, p.coef_l2, p.n_cap, p.gate, center=PRIOR)
         self.buckets = GatedFTRL(p.bucket_rate, p.coef_beta, p.coef_l2, p.n_cap, p.gate)
         self.intercept = AdaGradScalar(p.intercept_rate, p.intercept_band, p.intercept_cap)
@@ -234,15 +232,16 @@ class AcceptanceModel:
     # --- pricing ---
 
     @property
-    def fitted_prices(self) -> bool:
+    def fitted_wins(self) -> bool:
         """The guard: the fitted model prices while its decayed log loss per node is lower."""
-        if not self.fitted_allowed or self.guard_head.y <= 0:
-            return False
-        return self.guard_fitted.x < self.guard_head.x
+        return self.guard_head.y > 0 and self.guard_fitted.x < self.guard_head.x
 
-    def price(self, cands: list[dict], context: int, p_src: float) -> Pricing:
+    def price(self, cands: list[dict], context: int, p_src: float, fitted_allowed: bool = True) -> Pricing:
         """Both estimates for every candidate of a round (Eq. 6 over every parent's candidates,
-        placed or not, so each q is fixed before the tree is chosen)."""
+        placed or not, so each q is fixed before the tree is chosen), and which one prices the
+        tree: the fitted model where the guard prefers it, unless not ``fitted_allowed`` (the
+        ``cost`` arm: the head-based estimate always; the model still learns, so the guard's
+        record is the same either way)."""
         b_req, off = self.intercept.value, self.offset.value
         wc, wb = self.coef.weight, self.buckets.weight
         ctx, lp = math.log(max(context, 1) / self.p.context_unit), logit(p_src)
@@ -269,7 +268,7 @@ class AcceptanceModel:
             denom = 1.0 + sum(e)
             for j, ej in zip(group, e):
                 fitted[j] = ej / denom
-        pricing = Pricing(fitted, head, FITTED if self.fitted_prices else HEAD, kids, ctx, lp)
+        pricing = Pricing(fitted, head, FITTED if fitted_allowed and self.fitted_wins else HEAD, kids, ctx, lp)
         self._last = (cands, pricing)
         return pricing
 
@@ -387,17 +386,16 @@ class AcceptanceModel:
     # --- persistence (the intercept and offset are per request and not stored) ---
 
     def state(self) -> dict:
-        return {"coef": self.coef.state(), "buckets": self.buckets.state(),
+        return {VERSION_FIELD: self.VERSION, "coef": self.coef.state(), "buckets": self.buckets.state(),
                 "guard": {"head": self.guard_head.state(), "fitted": self.guard_fitted.state()},
                 "requests": self.requests}
 
     @classmethod
-    def from_state(cls, st: dict, params: AcceptParams | None = None, fitted_allowed: bool = True,
-                   path: str = "acceptance") -> "AcceptanceModel":
+    def from_state(cls, st: dict, params: AcceptParams | None = None, path: str = "acceptance") -> "AcceptanceModel":
         """Restore a ``state()``, each part checked by its own ``load`` (checks.py)."""
         # A store written before the hindsight labels also counts exploration rows ("explore_count"): not read.
-        fields(st, path, ("coef", "buckets", "guard", "requests"), legacy=("explore_count",))
-        m = cls(params, fitted_allowed)
+        section(st, path, cls.VERSION, ("coef", "buckets", "guard", "requests"), legacy=("explore_count",))
+        m = cls(params)
         m.coef.load(st["coef"], f"{path}.coef")
         m.buckets.load(st["buckets"], f"{path}.buckets")
         guard = fields(st["guard"], f"{path}.guard", ("head", "fitted"))

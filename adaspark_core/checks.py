@@ -10,6 +10,10 @@ Every check is a pure function: it returns the value (a number as float, a count
 raises ValueError naming the field by its dotted path in the store (``sections.width.cost...``).
 A field this version does not know raises UnknownField, a ValueError: a newer AdaSpark may have
 written it, and restoring without it would drop it on the next save.
+
+Every learner versions its own section (``version``): a learner whose layout changes bumps its
+``VERSION`` and upgrades older sections itself (cost.upgrade_state), so the store's file schema
+never has to know a learner's layout.
 """
 
 from __future__ import annotations
@@ -25,8 +29,15 @@ import math
 LIMIT = 1e15
 
 
+VERSION_FIELD = "version"
+
+
 class UnknownField(ValueError):
     """A field a known section does not have (the dotted path is the message)."""
+
+
+class NewerVersion(UnknownField):
+    """A section of a version above the one this build writes: a newer AdaSpark wrote it."""
 
 
 def _show(v) -> str:
@@ -36,17 +47,38 @@ def _show(v) -> str:
     return s if len(s) <= 40 else s[:37] + "..."
 
 
-def fields(v, path: str, known: tuple[str, ...], legacy: tuple[str, ...] = ()) -> dict:
-    """``v``, an object with exactly the fields ``known``; ``legacy`` ones (written by an older
-    version, no longer read) are allowed and ignored."""
+def fields(v, path: str, known: tuple[str, ...], legacy: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> dict:
+    """``v``, an object with exactly the fields ``known``, and perhaps the ``optional`` ones;
+    ``legacy`` ones (written by an older version, no longer read) are allowed and ignored."""
     if not isinstance(v, dict):
         raise ValueError(f"{path} is {_show(v)}, not an object")
     for k in v:
-        if k not in known and k not in legacy:
+        if k not in known and k not in legacy and k not in optional:
             raise UnknownField(f"{path}.{k}")
     for k in known:
         if k not in v:
             raise ValueError(f"{path}.{k} is missing")
+    return v
+
+
+def section(st, path: str, current: int, known: tuple[str, ...], legacy: tuple[str, ...] = ()) -> int:
+    """Check a learner's section: its ``version`` (1 to ``current``), then its fields ``known``
+    (``fields``). Returns the version."""
+    v = version(st, path, current)
+    fields(st, path, known, legacy, optional=(VERSION_FIELD,))
+    return v
+
+
+def version(st, path: str, current: int) -> int:
+    """The version of the learner section ``st``, 1 to ``current``. A section without one was
+    written before learners versioned their sections, so it is the oldest, 1. A version above
+    ``current`` is refused (NewerVersion) rather than read as this one: its fields may mean
+    something else."""
+    v = mapping(st, path).get(VERSION_FIELD, 1)
+    if type(v) is not int or v < 1:
+        raise ValueError(f"{path}.{VERSION_FIELD} is {_show(v)}, not an integer >= 1")
+    if v > current:
+        raise NewerVersion(f"{path}.{VERSION_FIELD} is {v}, this version reads 1 to {current}")
     return v
 
 

@@ -24,15 +24,16 @@ without L 1.40x (96-token replies) and 1.74x (256), L without gains 1.42x and 1.
 and 1.79x; chain:3 1.44x and 1.68x.
 
 ``AdaptiveWidth`` joins the cost model and the chooser into what a round asks: which width to
-verify, given the round's candidates; and what to learn from the round's record.
+verify, given the round's candidates; and what to learn from the round's record. Each of the
+three keeps a versioned section of the store (``state`` / ``from_state``, checks.section).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .checks import count, fields, int_key, mapping
-from .cost import MAX_BAND, MAX_WIDTH, CostModel, band_of
+from .checks import VERSION_FIELD, count, int_key, mapping, section
+from .cost import MAX_BAND, MAX_WIDTH, CostModel, CostParams, band_of
 from .online import Decayed
 from .tree import ANCHOR, products
 
@@ -142,6 +143,8 @@ def at(xs: list, n: int):
 class Chooser:
     """Eq. 7 with band rates, the lookahead and hysteresis (paper 3.4)."""
 
+    VERSION = 1  # of its section (state)
+
     def __init__(self, params: ChooserParams | None = None):
         self.p = params or ChooserParams()
         self.bands: dict[int, Decayed] = {}
@@ -168,8 +171,9 @@ class Chooser:
         return Lookahead(cands, order, prices, rho, d) if rho is not None and prices else None
 
     def choose(self, prices: dict[int, float], s: list[float], d: float, c: int,
-               ahead: Lookahead | None = None) -> int:
-        """The width to verify among the priced widths."""
+               ahead: Lookahead | None = None) -> tuple[int, int]:
+        """The width to verify among the priced widths, and the chooser's favourite: the best
+        scoring width before the margin and dominance (what regret.py's "holding" compares with)."""
         widths = list(prices)
         if self.incumbent not in prices:
             self.incumbent = widths[-1]  # the first incumbent is the widest offered width
@@ -185,13 +189,14 @@ class Chooser:
         # verifies now, at no cost, what the incumbent leaves to a later round), so the margin,
         # which guards trades of tokens against time from flipping on noise, does not hold it back.
         dominant = [n for n in widths if n > inc and prices[n] <= prices[inc]]
+        favourite = best
         if dominant and not (switch and best != inc):
             best, switch = dominant[-1], True
         if switch and best != inc:
             self.incumbent, self.held = best, 0
         else:
             self.held += 1
-        return self.incumbent
+        return self.incumbent, favourite
 
     def split_test(self, prices: dict[int, float], cost_price, s: list[float], d: float, c: int,
                    ahead: Lookahead | None = None):
@@ -214,7 +219,7 @@ class Chooser:
         self.bands.setdefault(band_of(rec.context), Decayed(self.p.half_life)).add(len(rec.path) + 1, rec.times.total)
 
     def state(self) -> dict:
-        return {"bands": {str(b): d.state() for b, d in self.bands.items()},
+        return {VERSION_FIELD: self.VERSION, "bands": {str(b): d.state() for b, d in self.bands.items()},
                 "incumbent": self.incumbent, "held": self.held}
 
     @classmethod
@@ -222,7 +227,7 @@ class Chooser:
         """Restore a ``state()``, checked (checks.py): bands are context bands (cost.band_of), the
         incumbent null or a width the cost model can offer."""
         # A store written before the lookahead also holds the gains ("gains"): not read.
-        fields(st, path, ("bands", "incumbent", "held"), legacy=("gains",))
+        section(st, path, cls.VERSION, ("bands", "incumbent", "held"), legacy=("gains",))
         ch = cls(params)
         ch.bands = {int_key(b, f"{path}.bands", 0, MAX_BAND): Decayed(ch.p.half_life).load(d, f"{path}.bands.{b}")
                     for b, d in mapping(st["bands"], f"{path}.bands").items()}
@@ -238,10 +243,19 @@ class Decision:
     offered: list[int]
     prices: list[float] | None
     measure: int | None  # the width a cold-start round measures
+    favourite: int | None = None  # the chooser's own best width (Chooser.choose), when it chose
+
+
+@dataclass
+class WidthParams:
+    cost: CostParams = field(default_factory=CostParams)
+    chooser: ChooserParams = field(default_factory=ChooserParams)
 
 
 class AdaptiveWidth:
     """The cost model and the chooser together: one decision and one learning step per round."""
+
+    VERSION = 1  # of its section (state); the cost model and the chooser version their own
 
     def __init__(self, cost: CostModel | None = None, chooser: Chooser | None = None):
         self.cost = cost or CostModel()
@@ -265,12 +279,12 @@ class AdaptiveWidth:
             return Decision(measure, offered, None, measure)
         if not prices:
             return Decision(1, offered, None, None)
-        width = self.chooser.choose(prices, s, d_ms, context, ahead)
+        width, favourite = self.chooser.choose(prices, s, d_ms, context, ahead)
         if self.chooser.held >= self.chooser.p.hold_before_split:
             passes = self.chooser.split_test(prices, lambda w: self.cost.class_price(w, context), s, d_ms, context, ahead)
             if self.cost.split(width, context, passes) is not None:
                 self.chooser.held = 0
-        return Decision(width, list(prices), list(prices.values()), None)
+        return Decision(width, list(prices), list(prices.values()), None, favourite)
 
     def _worth_measuring(self, prices: dict[int, float], s: list[float], ahead: Lookahead | None, fill: int,
                          d_ms: float, context: int, max_rows: int) -> int | None:
@@ -300,10 +314,12 @@ class AdaptiveWidth:
         self.chooser.learn(rec)
 
     def state(self) -> dict:
-        return {"cost": self.cost.state(), "chooser": self.chooser.state()}
+        return {VERSION_FIELD: self.VERSION, "cost": self.cost.state(), "chooser": self.chooser.state()}
 
     @classmethod
-    def from_state(cls, st: dict, path: str = "width") -> "AdaptiveWidth":
-        fields(st, path, ("cost", "chooser"))
-        return cls(CostModel.from_state(st["cost"], path=f"{path}.cost"),
-                   Chooser.from_state(st["chooser"], path=f"{path}.chooser"))
+    def from_state(cls, st: dict, params: WidthParams | None = None, path: str = "width") -> "AdaptiveWidth":
+        """Restore a ``state()``, checked: each part by its own ``from_state``."""
+        p = params or WidthParams()
+        section(st, path, cls.VERSION, ("cost", "chooser"))
+        return cls(CostModel.from_state(st["cost"], p.cost, f"{path}.cost"),
+                   Chooser.from_state(st["chooser"], p.chooser, f"{path}.chooser"))

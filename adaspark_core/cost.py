@@ -6,7 +6,9 @@ at its top width, the only width of it the chooser is offered. Each class has a 
 FTRL-Proximal, with a bank of samples per context band refitted at the end of each request), a
 level (the minimum of measured over fitted time over its last verifies) and a D clock (Eq. 5).
 
-Learns only from round records (record.RoundRecord), so a log replays into the same state.
+Learns only from round records (record.RoundRecord), so a log replays into the same state. Its
+section of the store is versioned (``CostModel.VERSION``); ``upgrade_state`` reads every older
+layout.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from .checks import array, count, fields, int_key, mapping, number, numbers
+from .checks import VERSION_FIELD, array, count, fields, int_key, mapping, number, numbers, section, version
 from .online import FTRL
 
 LADDER = (1, 2, 4, 8, 16, 32, 64)  # the paper's ladder plus width 1 (plain decoding on a CPU)
@@ -218,8 +220,34 @@ class WidthClass:
         self.widest_short = 0
 
 
+def _levels_per_band(st: dict) -> dict:
+    """1 -> 2: a class keeps its level window per context band. A version-1 window is one list
+    with no contexts, so it is dropped (8 verifies rebuild it). Sections written before sections
+    had versions are version 1 too, and from store schema 2 on they already hold a window per band
+    (an object): those are kept as they are."""
+    classes = st.get("classes")
+    if not isinstance(classes, dict):
+        return st  # damaged: from_state names the field
+    return {**st, "classes": {w: {**k, "level": {}} if isinstance(k, dict) and isinstance(k.get("level"), list) else k
+                              for w, k in classes.items()}}
+
+
+# Append-only: UPGRADES[i] turns a section of version i+1 into one of version i+2. Never edit an entry.
+UPGRADES = [_levels_per_band]
+
+
+def upgrade_state(st: dict, path: str = "cost") -> dict:
+    """A cost-model section of any version this build reads, brought to ``CostModel.VERSION`` (a
+    new dict; ``st`` is left as it is). checks.NewerVersion for a section a newer AdaSpark wrote."""
+    for step in UPGRADES[version(st, path, CostModel.VERSION) - 1:]:
+        st = step(st)
+    return {**st, VERSION_FIELD: CostModel.VERSION}
+
+
 class CostModel:
     """The learned width table and its prices (paper 3.2, Eq. 4-5)."""
+
+    VERSION = len(UPGRADES) + 1  # of its section (state)
 
     def __init__(self, params: CostParams | None = None):
         self.p = params or CostParams()
@@ -352,6 +380,7 @@ class CostModel:
 
     def state(self) -> dict:
         return {
+            VERSION_FIELD: self.VERSION,
             "rounds": self.rounds,
             "d_recent": list(self.d_recent),
             "classes": {str(w): {"count": k.count, "d_ref": k.d_ref, "short": k.short, "level": {str(b): list(v) for b, v in k.level.items()},
@@ -365,9 +394,11 @@ class CostModel:
         no model drafter D is host time and can round to 0), at most the 8 the window keeps. A
         class's width is in 1 .. the ladder's top (see ``MAX_WIDTH``); its ``widest_short`` is the
         widest tree of a round too narrow for it, so below it (it becomes a width in _short). A
-        level window holds 1 to ``level_window`` ratios of a positive time over a positive law."""
+        level window holds 1 to ``level_window`` ratios of a positive time over a positive law.
+        An older section is upgraded first (``upgrade_state``)."""
         m = cls(params)
-        fields(st, path, ("rounds", "d_recent", "classes"))
+        st = upgrade_state(st, path)
+        section(st, path, cls.VERSION, ("rounds", "d_recent", "classes"))
         m.rounds = count(st["rounds"], f"{path}.rounds")
         m.d_recent.extend(numbers(st["d_recent"], f"{path}.d_recent", 0.0, max_len=m.d_recent.maxlen))
         m.classes = {}

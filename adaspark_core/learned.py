@@ -4,15 +4,22 @@ Two online models learn while AdaSpark serves (paper 3.1, Figure 2): the width p
 verify-cost model with the chooser, chooser.py) and the acceptance model (acceptance.py). Each
 persists in its own section of the store (store.py); the acceptance model's per-request intercept
 and offset are not stored, they restart with each request.
+
+Every learner, these two, their parts and ``Learners`` itself, keeps one contract
+(tests/test_learner_contract.py): ``learn(rec)`` reads a round record and never changes it;
+``state()`` is plain JSON, with the section's ``version``; ``from_state(st, params, path)`` checks
+every field (checks.py), upgrades an older section and refuses a newer one, and returns a new
+learner whose ``state()`` is ``st``'s (upgraded).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .acceptance import AcceptanceModel
-from .checks import UnknownField
-from .chooser import AdaptiveWidth
+from .acceptance import AcceptanceModel, AcceptParams, RoundScore
+from .checks import NewerVersion, UnknownField, mapping
+from .chooser import AdaptiveWidth, Chooser, WidthParams
+from .cost import CostModel
 from .store import StoreError
 
 WIDTH_SECTION = "width"
@@ -20,25 +27,56 @@ ACCEPTANCE_SECTION = "acceptance"
 HINT = "it was left as is: move it away or run `adaspark store reset`"
 
 
+@dataclass
+class LearnerParams:
+    width: WidthParams = field(default_factory=WidthParams)
+    acceptance: AcceptParams = field(default_factory=AcceptParams)
+
+
 @dataclass(slots=True)
 class Learners:
     policy: AdaptiveWidth = field(default_factory=AdaptiveWidth)
     acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
 
+    def start_request(self) -> None:
+        """A request begins: the per-request state restarts (the acceptance model's intercept
+        and offset); what persists across requests stays."""
+        self.acceptance.start_request()
+
+    def learn(self, rec) -> RoundScore:
+        """Both learners learn from one round's record, the width policy first (the order the
+        live run and replay share). Returns the acceptance model's score of the round's labels."""
+        self.policy.learn(rec)
+        return self.acceptance.learn(rec)
+
+    def state(self) -> dict:
+        """The store sections, by name (each learner versions its own)."""
+        return {WIDTH_SECTION: self.policy.state(), ACCEPTANCE_SECTION: self.acceptance.state()}
+
+    @classmethod
+    def from_state(cls, st: dict, params: LearnerParams | None = None, path: str = "sections") -> "Learners":
+        """Restore a ``state()``: each section checked by its learner's ``from_state``, fresh
+        where it is absent. Another section is not the learners' to check: the store keeps it as
+        it is."""
+        p = params or LearnerParams()
+        width, accept = mapping(st, path).get(WIDTH_SECTION), st.get(ACCEPTANCE_SECTION)
+        return cls(AdaptiveWidth.from_state(width, p.width, f"{path}.{WIDTH_SECTION}") if width is not None
+                   else AdaptiveWidth(CostModel(p.width.cost), Chooser(p.width.chooser)),
+                   AcceptanceModel.from_state(accept, p.acceptance, f"{path}.{ACCEPTANCE_SECTION}") if accept is not None
+                   else AcceptanceModel(p.acceptance))
+
     @classmethod
     def from_store(cls, store, hint: str = HINT) -> "Learners":
-        """The learners restored from ``store``'s sections, fresh where a section is absent.
+        """The learners restored from ``store``'s sections (``from_state``).
 
-        Every field of both sections is checked first (each learner's ``from_state``, with
-        checks.py), so a damaged section is a StoreError ending in ``hint`` here, before any
-        decoding, and is never saved back. A field this version does not know is refused too:
-        restoring without it would drop it from the file at the next save."""
-        width, accept = store.get(WIDTH_SECTION), store.get(ACCEPTANCE_SECTION)
+        Every field of both sections is checked first, so a damaged section is a StoreError
+        ending in ``hint`` here, before any decoding, and is never saved back. A field this
+        version does not know is refused too: restoring without it would drop it from the file at
+        the next save; so is a section of a newer version, whose fields may mean something else."""
         try:
-            return cls(AdaptiveWidth.from_state(width, path=f"sections.{WIDTH_SECTION}")
-                       if width is not None else AdaptiveWidth(),
-                       AcceptanceModel.from_state(accept, path=f"sections.{ACCEPTANCE_SECTION}")
-                       if accept is not None else AcceptanceModel())
+            return cls.from_state(store.sections)
+        except NewerVersion as e:
+            raise StoreError(f"the store {store.path} was written by a newer AdaSpark ({e}); {hint}") from None
         except UnknownField as e:
             raise StoreError(f"the store {store.path} has a field this version does not know: {e} "
                              f"(written by a newer AdaSpark?); {hint}") from None
@@ -49,8 +87,5 @@ class Learners:
                              f"({type(e).__name__}: {e}); {hint}") from None
 
     def to_store(self, store) -> None:
-        store.put(WIDTH_SECTION, self.policy.state())
-        store.put(ACCEPTANCE_SECTION, self.acceptance.state())
-
-    def state(self) -> dict:
-        return {WIDTH_SECTION: self.policy.state(), ACCEPTANCE_SECTION: self.acceptance.state()}
+        for name, st in self.state().items():
+            store.put(name, st)

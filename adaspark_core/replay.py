@@ -1,11 +1,12 @@
 """Drive fresh learners through a round log and measure them (DESIGN.md: replay must reproduce the
 live state; paper Table 2, Figure 10 and Table 7).
 
-A learning arm's rounds are replayed in order, each exactly as the live run did it: the acceptance
-model prices the record's candidates from their features, the width policy re-decides from the
-record's own inputs, the acceptance model's exploration runs, then both learn from the record. So
-the learners' final state equals the live one, and a re-priced q, a re-decided width or an
-exploration that differs from the log means the log and the learners disagree: replay says so.
+A learning arm's rounds are replayed in order, each exactly as the live run did it: the round is
+decided again from the record's own inputs by the live round's code (scheduler.decide_round: the
+acceptance model prices the candidates from their features, they are ordered, the width policy
+chooses), then the learners learn from the record (Learners.learn). So the learners' final state
+equals the live one, and a re-priced q, a re-ordered tree or a re-decided width that differs from
+the log means the log and the learners disagree: replay says so.
 
 The report is computed on the way, from what replay observes:
 
@@ -33,7 +34,7 @@ from .acceptance import FITTED
 from .chooser import expected_sums
 from .learned import Learners
 from .record import RoundRecord
-from .scheduler import parse_arm
+from .scheduler import Arm, RoundDecision, decide_round, parse_arm
 from .tree import NGRAM
 
 BINS = 10
@@ -146,45 +147,30 @@ def replay(records: Iterable[RoundRecord], learners: Learners | None = None,
     """Feed the records of learning arms to ``learners`` (fresh by default); return them and the
     report. ``check``: raise ReplayMismatch where replay and the log disagree."""
     learners = learners or Learners()
-    policy, model = learners.policy, learners.acceptance
     report = Report()
     req: RequestStats | None = None
     for rec in records:
         arm = parse_arm(rec.arm)
         if not arm.learns:
             continue
-        model.fitted_allowed = arm.fitted
         if rec.first or req is None or rec.request != req.request:
-            model.start_request()
+            learners.start_request()
             req = RequestStats(rec.request)
             report.requests.append(req)
         req.rounds += 1
-        cands = rec.candidates
-        if cands:
-            pricing = model.price(cands, rec.context, rec.p_src if rec.p_src is not None else 0.5)
-            if check and (pricing.priced != rec.priced or any(
-                    not math.isclose(q, c["q"], rel_tol=1e-12, abs_tol=1e-15) for q, c in zip(pricing.q, cands))):
-                raise ReplayMismatch(f"request {rec.request} round {rec.round}: replay priced the candidates "
-                                     f"differently ({pricing.priced}; the log has {rec.priced})")
+        chooser_before = copy.copy(learners.policy.chooser)  # choose() rebinds its two fields only
+        d_ms = learners.policy.cost.d_now()
+        # The decision prices copies of the candidates: the record keeps the q the run logged.
+        priced = [dict(c) for c in rec.candidates]
+        dec = decide_round(priced, rec.context, rec.p_src, arm, _max_rows(rec, arm), learners)
+        if check:
+            _check(rec, priced, dec)
+        if priced:
             req.tree_rounds += 1
-            req.fitted_rounds += pricing.priced == FITTED
-        chooser_before = copy.copy(policy.chooser)  # choose() rebinds its two fields only
-        d_ms = policy.cost.d_now()
-        width = rec.width
-        if arm.adaptive and cands and rec.prices is not None and rec.measure is None:
-            prices = dict(zip(rec.offered, rec.prices))
-            ahead = policy.chooser.lookahead(cands, rec.order, prices, d_ms, rec.context)
-            vals, _ = policy.chooser.scores(prices, expected_sums(cands, rec.order), d_ms, rec.context, ahead)
-            report.model_choices[(rec.request, rec.round)] = max(vals, key=vals.__getitem__)
-        if arm.adaptive:
-            max_rows = max(rec.offered) if rec.offered else 1
-            dec = policy.decide(cands, rec.order, rec.context, d_ms, max_rows)
-            width = min(dec.width, len(cands) + 1)
-            if check and (width != rec.width or dec.measure != rec.measure):
-                raise ReplayMismatch(f"request {rec.request} round {rec.round}: replay chose width {width}"
-                                     f" (measuring {dec.measure}); the log has {rec.width} (measuring {rec.measure})")
-        policy.learn(rec)
-        score = model.learn(rec)
+            req.fitted_rounds += dec.priced == FITTED
+        if dec.favourite is not None:
+            report.model_choices[(rec.request, rec.round)] = dec.favourite
+        score = learners.learn(rec)
         req.nodes += score.nodes
         req.head_loss += score.head_loss
         req.fitted_loss += score.fitted_loss
@@ -192,6 +178,30 @@ def replay(records: Iterable[RoundRecord], learners: Learners | None = None,
             req.finish = rec.finish
         _observe(report, rec, arm, chooser_before, d_ms)
     return learners, report
+
+
+def _max_rows(rec: RoundRecord, arm: Arm) -> int:
+    """The most rows the live round could verify, as far as its record tells: an adaptive arm's
+    widest offered width (the widths it offers are every table width within the bound, or the
+    priced ones among them, so a bound anywhere up to the next width decides alike); a fixed
+    arm's verified width (the record does not say whether the context capped it, so its width is
+    not checked, only its order)."""
+    if arm.adaptive:
+        return max(rec.offered) if rec.offered else 1
+    return rec.width
+
+
+def _check(rec: RoundRecord, priced: list[dict], dec: RoundDecision) -> None:
+    """ReplayMismatch unless replay decided the round as the log says the run did."""
+    where = f"request {rec.request} round {rec.round}"
+    if dec.priced != rec.priced or any(not math.isclose(p["q"], c["q"], rel_tol=1e-12, abs_tol=1e-15)
+                                       for p, c in zip(priced, rec.candidates)):
+        raise ReplayMismatch(f"{where}: replay priced the candidates differently ({dec.priced}; the log has {rec.priced})")
+    if dec.order != rec.order:
+        raise ReplayMismatch(f"{where}: replay ordered the candidates differently")
+    if dec.width != rec.width or dec.measure != rec.measure:
+        raise ReplayMismatch(f"{where}: replay chose width {dec.width} (measuring {dec.measure}); the log has "
+                             f"{rec.width} (measuring {rec.measure})")
 
 
 def expected_accepted(rec: RoundRecord) -> float | None:
@@ -228,5 +238,5 @@ def _observe(report: Report, rec: RoundRecord, arm, chooser, d_ms: float) -> Non
         zorder = tree.best_first(zbig)
         prices = dict(zip(rec.offered, rec.prices))
         ahead = chooser.lookahead(zeroed, zorder, prices, d_ms, rec.context)
-        without = chooser.choose(prices, expected_sums(zeroed, zorder, zbig), d_ms, rec.context, ahead)
+        without, _ = chooser.choose(prices, expected_sums(zeroed, zorder, zbig), d_ms, rec.context, ahead)
         report.widened += rec.width > without

@@ -1,8 +1,9 @@
 """One round of Algorithm 1, engine-agnostic, and the arms that set its width.
 
-A round is a chain of small functions (gpt-fast style): ``draft`` proposes candidates, ``plan``
-prices and orders them and picks the width, the target verifies, ``accept_walk`` returns what was
-accepted, and ``Generation`` does the bookkeeping (stopping, commit, index, log, statistics).
+A round is a chain of small functions (gpt-fast style): ``draft`` proposes candidates,
+``decide_round`` prices and orders them and picks the width (replay.py decides through it too),
+the target verifies, ``accept_walk`` returns what was accepted, and ``Generation`` does the
+bookkeeping (stopping, commit, index, log, statistics, learning).
 
 Arms (this issue): ``ar`` verifies one row per round; ``chain:N`` verifies the n-gram chain, at most
 N draft tokens (N + 1 rows; ``chain:3`` is llama.cpp's default speculative configuration);
@@ -20,8 +21,7 @@ from typing import Callable, Iterator
 
 from . import tree
 from . import ngram
-from .acceptance import HEAD, AcceptanceModel, head_q
-from .chooser import AdaptiveWidth
+from .acceptance import HEAD, head_q
 from .learned import Learners
 from .engine.base import Drafter, Target
 from .errors import InputError
@@ -150,45 +150,54 @@ def draft(drafter: Drafter | None, index: SuffixIndex | None, depth_limit: int, 
     return cands
 
 
-def price(cands: list[Candidate], cand_dicts: list[dict], context: int, p_src: float,
-          model: AcceptanceModel | None) -> str:
-    """Set every candidate's q (object and record dict alike): the acceptance model's choice of
-    estimate, or, for the arms without learners, the head-based estimate with no offset.
-    Returns which estimate priced the round."""
-    if model is not None:
-        pricing = model.price(cand_dicts, context, p_src)
-        qs, priced = pricing.q, pricing.priced
-    else:
-        qs, priced = [head_q(d, p_src) for d in cand_dicts], HEAD
-    for c, d, q in zip(cands, cand_dicts, qs):
-        c.q = d["q"] = q
-    return priced
-
-
 @dataclass(slots=True)
-class Plan:
-    order: list[int]
-    width: int
-    layout: tree.Layout
+class RoundDecision:
+    """What a round decided before its verify (the record's fields of the same names)."""
+
+    priced: str | None  # which estimate priced the candidates (None: there were none)
+    order: list[int]  # the candidates best first
+    width: int  # rows to verify
     offered: list[int]
     prices: list[float] | None = None
     measure: int | None = None
+    favourite: int | None = None  # the chooser's own best width, where it chose (Decision)
+
+    @property
+    def chosen(self) -> list[int]:
+        """The candidates verified: the first width - 1 of the order (a tree, Proposition 1)."""
+        return tree.prefix(self.order, self.width)
 
 
-def plan(anchor: int, cands: list[Candidate], cand_dicts: list[dict], arm: Arm, max_rows: int,
-         context: int, policy: AdaptiveWidth | None) -> Plan:
-    """Order the candidates best first (Proposition 1), choose the width (the arm's, or the
-    adaptive policy's), and lay the rows out depth first."""
-    big_q = tree.path_products(cands)
+def decide_round(cands: list[dict], context: int, p_src: float | None, arm: Arm, max_rows: int,
+                 learners: Learners | None) -> RoundDecision:
+    """One round's decisions before its verify (Algorithm 1): price every candidate (sets its
+    ``q``), order them best first (Proposition 1), and choose the width, the arm's or, for an
+    adaptive arm, the width policy's, at most ``max_rows``. ``cands``: the round record's
+    candidate dicts. The live round and replay both decide through here, so a replayed log
+    drives the learners exactly as the run did.
+
+    With learners, the acceptance model prices (the fitted model only where the arm allows it);
+    without, the head-based estimate with no offset. ``p_src`` None (no n-gram source): 0.5."""
+    priced = None
+    if cands:
+        p_src = 0.5 if p_src is None else p_src
+        if learners is not None:
+            pricing = learners.acceptance.price(cands, context, p_src, fitted_allowed=arm.fitted)
+            qs, priced = pricing.q, pricing.priced
+        else:
+            qs, priced = [head_q(c, p_src) for c in cands], HEAD
+        for c, q in zip(cands, qs):
+            c["q"] = q
+    big_q = tree.products([c["parent"] for c in cands], [c["q"] for c in cands])
     order = tree.best_first(big_q)
     if arm.adaptive:
-        dec = policy.decide(cand_dicts, order, context, policy.cost.d_now(), max_rows, big_q)
-        width, offered, prices, measure = dec.width, dec.offered, dec.prices, dec.measure
+        policy = learners.policy
+        dec = policy.decide(cands, order, context, policy.cost.d_now(), max_rows, big_q)
+        width, offered, prices, measure, favourite = dec.width, dec.offered, dec.prices, dec.measure, dec.favourite
     else:
-        width, offered, prices, measure = min(arm.max_width, max_rows), [arm.max_width], None, None
+        width, offered, prices, measure, favourite = min(arm.max_width, max_rows), [arm.max_width], None, None, None
     width = min(width, len(cands) + 1)  # a tree with fewer candidates comes out narrower
-    lay = tree.layout(anchor, cands, tree.prefix(order, width))
-    return Plan(order, width, lay, offered, prices, measure)
+    return RoundDecision(priced, order, width, offered, prices, measure, favourite)
 
 
 def stop_cut(accepted: list[int], is_eog: Callable[[int], bool], budget: int) -> tuple[int, str | None]:
@@ -307,10 +316,7 @@ class Generation:
         # The learners persist across requests: pass the same ones to every request.
         if learners is None and arm.learns:
             learners = Learners()
-        self.policy = learners.policy if learners is not None else None
-        self.acceptance = learners.acceptance if learners is not None else None
-        if self.acceptance is not None:
-            self.acceptance.fitted_allowed = arm.fitted
+        self.learners = learners
         self.tokens: list[int] = []  # the reply, end token excluded
         self.finish: str | None = None
         self.last_record: RoundRecord | None = None
@@ -325,8 +331,8 @@ class Generation:
             self.index.extend(self.prompt)
         if self.drafter is not None:
             self.drafter.start(self.prompt)
-        if self.acceptance is not None:
-            self.acceptance.start_request()
+        if self.learners is not None:
+            self.learners.start_request()
         rnd = 0
         try:
             while self.finish is None:
@@ -361,18 +367,18 @@ class Generation:
             min(depth_limit, MAX_CHAIN_DEPTH) if self.index is not None else 0)
         cand_dicts = [c.to_dict() for c in cands]
         p_src = self.index.p_src if self.index is not None else None
-        priced = price(cands, cand_dicts, context, p_src if p_src is not None else 0.5, self.acceptance) if cands else None
         # Cells: the committed prefix plus the verify's rows must fit the context.
         max_rows = max(1, min(arm.max_width, target.n_ctx - target.n_past))
-        p = plan(anchor, cands, cand_dicts, arm, max_rows, context, self.policy)
+        p = decide_round(cand_dicts, context, p_src, arm, max_rows, self.learners)
+        lay = tree.layout(anchor, cands, p.chosen)  # rows depth first
         t1 = self.clock()
-        ver = target.verify(p.layout)
-        path_rows, bonus = tree.accept_walk(p.layout, ver.argmax)
-        accepted = [p.layout.token[r] for r in path_rows] + [bonus]
+        ver = target.verify(lay)
+        path_rows, bonus = tree.accept_walk(lay, ver.argmax)
+        accepted = [lay.token[r] for r in path_rows] + [bonus]
         budget = self.max_tokens - len(self.tokens)
         n_commit, finish = stop_cut(accepted, target.is_eog, budget)
         committed = accepted[:n_commit]
-        commit_ms = target.commit(p.layout, path_rows[: n_commit - 1], committed[-1])
+        commit_ms = target.commit(lay, path_rows[: n_commit - 1], committed[-1])
         if self.index is not None:
             self.index.extend(committed)
         if self.drafter is not None:
@@ -402,11 +408,11 @@ class Generation:
             measure=p.measure,
             reach=reach,
             p_src=p_src,
-            priced=priced,
+            priced=p.priced,
             width=p.width,
-            rows=p.layout.cand,
+            rows=lay.cand,
             argmax=ver.argmax,
-            path=[p.layout.cand[r] for r in path_rows],
+            path=[lay.cand[r] for r in path_rows],
             bonus=bonus,
             emitted=emitted,
             times=Timing(draft=draft_ms, verify=ver.verify_ms, commit=commit_ms,
@@ -428,10 +434,7 @@ class Generation:
     def _learn_and_log(self, rec: RoundRecord) -> None:
         if self.arm.learns:
             t0 = self.clock()
-            if self.policy is not None:
-                self.policy.learn(rec)
-            if self.acceptance is not None:
-                self.acceptance.learn(rec)
+            self.learners.learn(rec)
             # No learner reads this field: it is filled after they learned, for the log's reader.
             rec.times.learn = (self.clock() - t0) * 1e3
         if self.log is not None:

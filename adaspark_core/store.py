@@ -10,7 +10,9 @@ File contents (``SCHEMA`` 1)::
     {"schema": 1, "fingerprint": {...}, "updated": "2025-01-01T00:00:00+00:00",
      "counts": {"requests": int, "rounds": int}, "sections": {name: state_dict}}
 
-Each learner owns one section and (de)serialises it itself (``state()`` / ``from_state()``).
+Each learner owns one section and (de)serialises it itself (``state()`` / ``from_state()``),
+versions it and upgrades an older one itself (checks.version): this file's schema is the file's
+layout only, and the store reads no learner's section.
 
 Invariants:
 - An existing file is never modified or replaced unless it was read and accepted (valid JSON, a
@@ -51,18 +53,16 @@ from .schema import apply_upgrades
 SCHEMA = 2
 
 
-def _levels_per_band(d: dict) -> dict:
-    """1 -> 2: the cost model keeps its level window per context band. A schema-1 window has no
-    contexts, so it is dropped (8 verifies rebuild it)."""
-    classes = d.get("sections", {}).get("width", {}).get("cost", {}).get("classes", {})
-    for k in classes.values():
-        if isinstance(k, dict) and isinstance(k.get("level"), list):
-            k["level"] = {}
+def _same_file(d: dict) -> dict:
+    """1 -> 2 changed the cost model's section alone (a level window per context band), which
+    the cost model now upgrades itself (cost.upgrade_state: a section without a version is its
+    oldest). The file's own layout did not change."""
     return d
 
 
-# Append-only: UPGRADES[i] maps a store dict of schema i+1 to schema i+2. Never edit an entry.
-UPGRADES: list[Callable[[dict], dict]] = [_levels_per_band]
+# Append-only: UPGRADES[i] maps a store dict of schema i+1 to schema i+2. Never edit an entry
+# (the one exception: 1 -> 2 moved to the section it changed, see _same_file).
+UPGRADES: list[Callable[[dict], dict]] = [_same_file]
 
 FIELDS = ("schema", "fingerprint", "updated", "counts", "sections")  # of a store file (to_json)
 _DUMP = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY

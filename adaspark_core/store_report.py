@@ -166,7 +166,7 @@ def acceptance_summary(m: AcceptanceModel) -> dict:
     gh, gf = m.guard_head, m.guard_fitted
     return {
         "requests": m.requests,
-        "guard": {"priced_by": "fitted" if m.fitted_prices else "head",
+        "guard": {"priced_by": "fitted" if m.fitted_wins else "head",
                   "head_loss_per_node": gh.x / gh.y if gh.y > 0 else None,
                   "fitted_loss_per_node": gf.x / gf.y if gf.y > 0 else None,
                   "labelled_parents": gh.count},

@@ -107,7 +107,7 @@ def test_the_prior_prices_a_pick_at_its_head_when_the_siblings_share_sums_to_one
 # --- the guard -----------------------------------------------------------------------------------
 
 
-def run_picks(model, rng, n, true_q):
+def run_picks(model, rng, n, true_q, fitted_allowed=True):
     """Lone picks (no siblings) whose true acceptance is ``true_q(h)``; returns the share of the
     last half's rounds the fitted model priced and both models' summed losses over it."""
     priced = 0
@@ -118,7 +118,7 @@ def run_picks(model, rng, n, true_q):
         h = rng.uniform(0.05, 0.95)
         cands = [Candidate(5, ANCHOR, PICK, 1, h=h, share=None).to_dict()]
         y = rng.random() < true_q(h)
-        p = model.price(cands, 600, 0.5)
+        p = model.price(cands, 600, 0.5, fitted_allowed=fitted_allowed)
         if i >= n // 2:
             priced += p.priced == FITTED
             losses[FITTED] += node_loss(p.fitted[0], y)
@@ -138,8 +138,8 @@ def test_the_guard_switches_to_the_fitted_model_when_the_head_is_miscalibrated()
 def test_the_guard_keeps_a_calibrated_head_and_the_cost_arm_never_prices_fitted():
     share, losses = run_picks(AcceptanceModel(), random.Random(3), 6_000, lambda h: h)
     assert losses[FITTED] > 0.99 * losses[HEAD]  # nothing to gain: the fitted can only tie
-    model = AcceptanceModel(fitted_allowed=False)
-    share, _ = run_picks(model, random.Random(2), 6_000, lambda h: sigmoid(0.4 * logit(h)))
+    model = AcceptanceModel()
+    share, _ = run_picks(model, random.Random(2), 6_000, lambda h: sigmoid(0.4 * logit(h)), fitted_allowed=False)
     assert share == 0.0
     assert model.guard_fitted.x < model.guard_head.x  # it learned, and would have won
 
