@@ -23,7 +23,7 @@ contradiction bucket's weight.
 Learning: every coefficient starts from a prior derived from the features' definitions (pick
 ln 2 + logit h, sibling log r, everything else 0: with the siblings' r summing to 1 this prices a
 pick at exactly h) and moves by FTRL-Proximal on its deviation from the prior, gated at 3 sigma
-(online.GatedFTRL: the paper's 3 sqrt(m), measured in the gradients' own scale).
+(online.FTRL's gate: the paper's 3 sqrt(m), measured in the gradients' own scale).
 The request intercept b_req adapts by AdaGrad and restarts with each request. After each round
 every candidate of every accepted parent is labelled, placed or not, and, once the committed text
 reaches past the verify, every candidate below a parent on the path the target's own continuation
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from .checks import VERSION_FIELD, count, fields, section
 from .ngram import evidence_bin
-from .online import AdaGradScalar, Decayed, GatedFTRL
+from .online import FTRL, AdaGradScalar, Decayed
 from .tree import ANCHOR, NGRAM, PICK, SIBLING, hindsight_path
 
 FITTED, HEAD = "fitted", "head"
@@ -205,8 +205,8 @@ class AcceptanceModel:
 
     def __init__(self, params: AcceptParams | None = None):
         self.p = p = params or AcceptParams()
-        self.coef = GatedFTRL(p.coef_rate, p.coef_beta, p.coef_l2, p.n_cap, p.gate, center=PRIOR)
-        self.buckets = GatedFTRL(p.bucket_rate, p.coef_beta, p.coef_l2, p.n_cap, p.gate)
+        self.coef = FTRL(alpha=p.coef_rate, beta=p.coef_beta, l2=p.coef_l2, n_cap=p.n_cap, gate=p.gate, center=PRIOR)
+        self.buckets = FTRL(alpha=p.bucket_rate, beta=p.coef_beta, l2=p.coef_l2, n_cap=p.n_cap, gate=p.gate)
         self.intercept = AdaGradScalar(p.intercept_rate, p.intercept_band, p.intercept_cap)
         self.offset = AdaGradScalar(p.offset_rate, p.offset_band)
         # Decayed summed node losses over labelled parents; y counts the labelled nodes.

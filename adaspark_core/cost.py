@@ -97,7 +97,7 @@ class Law:
     def _step(self, solver: FTRL, c: int, ms: float) -> None:
         x = basis(c, self.p.unit)
         y = ms / self.scale
-        solver.update(x, (1.0 if y < solver.predict(x) else 0.0) - self.p.tau)
+        solver.update_linear(x, (1.0 if y < solver.predict(x) else 0.0) - self.p.tau)
 
     def value(self, c: int) -> float:
         """The law's time at context c, in ms (the lowest time until it has enough samples)."""

@@ -1,8 +1,10 @@
 """Online solvers shared by the learners: FTRL-Proximal and decayed averages.
 
-FTRL-Proximal is McMahan et al. (2013), per coordinate, with the paper's two additions (Table 14):
+FTRL-Proximal is McMahan et al. (2013), per coordinate, with the paper's additions (Table 14):
 the accumulated squared gradient is capped (a floor on the learning rate, so a law can follow a
-machine that drifts) and coordinates can be bounded below (non-negative context coefficients).
+machine that drifts), coordinates can be bounded below (non-negative context coefficients), and
+the L1 threshold can grow with the gradients' own noise (the acceptance model's gate). One class
+serves the cost model's laws (dense coordinates) and the acceptance model (named ones).
 """
 
 from __future__ import annotations
@@ -14,66 +16,149 @@ from .checks import count, fields, mapping, number, numbers
 
 
 class FTRL:
-    """Per-coordinate FTRL-Proximal on a linear model w . x.
+    """Per-coordinate FTRL-Proximal on the deviation from a prior, with an optional gate.
+
+    Two shapes of coordinates, one update:
+
+    - dense (``dim=N``): coordinates 0..N-1 of a linear model w . x, read by ``weights`` and
+      ``predict``, stepped by ``update_linear``; stored as lists. The cost model's context laws.
+    - named (``dim=None``): coordinates created on first use (a new n-gram bucket is just a new
+      key), each counting its updates in ``m``; stored as objects. The acceptance model's
+      coefficients and buckets (paper 3.3, Table 14).
 
     ``alpha``, ``beta``: learning rate and stabiliser; ``l1``, ``l2``: penalties; ``n_cap``: cap on
-    each coordinate's accumulated squared gradient; ``lower``: per-coordinate lower bounds (None
-    for unbounded), applied by projection when the weights are read.
+    each coordinate's accumulated squared gradient; ``lower``: per-coordinate lower bounds (None or
+    absent for unbounded), applied by projection when a weight is read; ``center``: the prior the
+    penalties pull toward (0 where absent), so FTRL runs on the deviation from it.
+
+    ``gate``: a coordinate leaves its prior only once its accumulated gradient exceeds
+    ``l1 + gate * sqrt(v)``, v the uncapped sum of its squared gradients (None: the plain L1
+    threshold). The threshold grows like the noise of a sum of m gradients, so a coordinate whose
+    gradients are noise around zero stays at the prior and one with a consistent sign leaves it,
+    continuously (soft threshold, no jump). The paper states the gate as 3 sqrt(m) after m updates,
+    which is this test for gradients of unit size. Log-loss gradients of a node are |q - y| <= 1
+    and typically 0.3-0.5, so the literal form is a 6-10 sigma test: on a real run of the default
+    model (16 ConvFinQA replies, ~2,000 labels) it held every n-gram bucket at its prior, the
+    deepest copy bucket at 154 labels with a gradient sum of -26 against a gate of 37, while those
+    nodes were accepted 0.8 of the time against 0.65 predicted. Measuring the noise by the
+    gradients themselves keeps the 3-sigma meaning at any gradient scale.
     """
 
-    def __init__(self, dim: int, alpha: float = 0.05, beta: float = 1.0, l1: float = 0.0, l2: float = 0.0,
-                 n_cap: float = 400.0, lower: list[float | None] | None = None, center: list[float] | None = None):
-        self.alpha, self.beta, self.l1, self.l2, self.n_cap = alpha, beta, l1, l2, n_cap
-        self.lower = list(lower) if lower is not None else [None] * dim
-        # The penalties pull toward ``center`` (a prior), not toward zero: FTRL runs on the
-        # deviation from it.
-        self.center = list(center) if center is not None else [0.0] * dim
-        self.z = [0.0] * dim
-        self.n = [0.0] * dim
-        self._w: list[float] | None = None
+    def __init__(self, dim: int | None = None, alpha: float = 0.05, beta: float = 1.0, l1: float = 0.0,
+                 l2: float = 0.0, n_cap: float = 400.0, lower: list | dict | None = None,
+                 center: list | dict | None = None, gate: float | None = None):
+        self.dim = dim
+        self.alpha, self.beta, self.l1, self.l2, self.n_cap, self.gate = alpha, beta, l1, l2, n_cap, gate
+        # Coordinates are always keys (dense: the indices), so one ``weight`` serves both shapes.
+        self.center = _keyed(center)
+        self.lower = {k: lo for k, lo in _keyed(lower).items() if lo is not None}
+        zeros = {} if dim is None else dict.fromkeys(range(dim), 0.0)
+        self.z = dict(zeros)
+        self.n = dict(zeros)  # squared gradients, capped: the FTRL rate
+        self.v = None if gate is None else dict(zeros)  # squared gradients, uncapped: the gate's noise scale
+        # updates of each named coordinate (labels, for the acceptance model's exploration)
+        self.m: dict | None = {} if dim is None else None
+        self._w: dict = {}  # weights of coordinates not updated since, read lazily
+        self._dense: list[float] | None = None  # weights() as a list, for predict
+
+    def weight(self, key) -> float:
+        # The hot path of acceptance pricing: a cached weight is one dict lookup.
+        w = self._w.get(key)
+        if w is None:
+            w = self.center.get(key, 0.0)
+            z = self.z.get(key, 0.0)
+            t = self.l1 if self.gate is None else self.l1 + self.gate * math.sqrt(self.v.get(key, 0.0))
+            if abs(z) > t:
+                w -= (z - math.copysign(t, z)) / ((self.beta + math.sqrt(self.n[key])) / self.alpha + self.l2)
+            lo = self.lower.get(key)
+            if lo is not None and w < lo:
+                w = lo
+            self._w[key] = w
+        return w
 
     def weights(self) -> list[float]:
-        if self._w is None:
-            w = []
-            for z, n, lo, c in zip(self.z, self.n, self.lower, self.center):
-                wi = c
-                if abs(z) > self.l1:
-                    wi -= (z - math.copysign(self.l1, z)) / ((self.beta + math.sqrt(n)) / self.alpha + self.l2)
-                if lo is not None and wi < lo:
-                    wi = lo
-                w.append(wi)
-            self._w = w
-        return self._w
+        """The dense weights, in index order."""
+        if self._dense is None:
+            self._dense = [self.weight(i) for i in range(self.dim)]
+        return self._dense
 
     def predict(self, x: list[float]) -> float:
         return sum(map(mul, self.weights(), x))
 
-    def update(self, x: list[float], dloss_dpred: float) -> None:
-        """One step on a loss whose derivative with respect to the prediction is ``dloss_dpred``."""
-        w = self.weights()
-        for i, xi in enumerate(x):
-            if xi == 0.0:
-                continue
-            g = dloss_dpred * xi
-            n_old = self.n[i]
+    def update_linear(self, x: list[float], dloss_dpred: float) -> None:
+        """One step of the dense linear model on a loss whose derivative with respect to the
+        prediction is ``dloss_dpred``; a coordinate with x_i = 0 has no gradient and is not stepped."""
+        self.update({i: dloss_dpred * xi for i, xi in enumerate(x) if xi != 0.0})
+
+    def update(self, grads: dict) -> None:
+        """One step: ``grads`` maps each touched coordinate to its loss gradient."""
+        z, n, v, m, center = self.z, self.n, self.v, self.m, self.center
+        for key, g in grads.items():
+            d = self.weight(key) - center.get(key, 0.0)
+            n_old = n.get(key, 0.0)
             n_new = min(n_old + g * g, self.n_cap)
             sigma = (math.sqrt(n_new) - math.sqrt(n_old)) / self.alpha
-            self.z[i] += g - sigma * (w[i] - self.center[i])
-            self.n[i] = n_new
-        self._w = None
+            # Dense sums z + (g - sigma d), named (z + g) - sigma d: the orders of the two classes
+            # this one replaced (FTRL, GatedFTRL), kept so that the laws and the acceptance weights,
+            # and so stores and replays of logged rounds, stay bit for bit what they were.
+            if m is None:
+                z[key] += g - sigma * d  # a KeyError outside 0..dim-1
+            else:
+                z[key] = z.get(key, 0.0) + g - sigma * d
+                m[key] = m.get(key, 0) + 1
+            n[key] = n_new
+            if v is not None:
+                v[key] = v.get(key, 0.0) + g * g
+            self._w.pop(key, None)
+        self._dense = None
+
+    def _fields(self) -> tuple[str, ...]:
+        return ("z", "n") + (("v",) if self.v is not None else ()) + (("m",) if self.m is not None else ())
 
     def state(self) -> dict:
-        return {"z": list(self.z), "n": list(self.n)}
+        """Dense: {"z": [...], "n": [...]} by index; named: {"z": {...}, "n": {...}, "v": {...},
+        "m": {...}} by key (v only with a gate, in either shape)."""
+        if self.dim is None:
+            return {f: dict(getattr(self, f)) for f in self._fields()}
+        return {f: [getattr(self, f)[i] for i in range(self.dim)] for f in self._fields()}
 
     def load(self, state: dict, path: str = "ftrl") -> "FTRL":
-        """Restore a ``state()``, checked (checks.py): one z and one n per coordinate (a shorter
-        vector fails at the next update), n an accumulated squared gradient, so in [0, n_cap]."""
-        fields(state, path, ("z", "n"))
-        dim = len(self.z)
-        z = numbers(state["z"], f"{path}.z", length=dim)
-        n = numbers(state["n"], f"{path}.n", 0.0, self.n_cap, length=dim)
-        self.z, self.n, self._w = z, n, None
+        """Restore a ``state()``, checked (checks.py), and only if all of it passes. Dense: one
+        entry per coordinate (a shorter vector fails at the next update). Named: an update sets
+        every entry of its coordinate, so z, n, v and m have the same keys (``weight`` reads n of
+        every key of z), and m counts the coordinate's updates, >= 1 since it exists. n is the
+        capped sum of squared gradients, in [0, n_cap], v the uncapped one, >= 0."""
+        names = self._fields()
+        fields(state, path, names)
+        gated = self.v is not None
+        if self.dim is None:
+            keys = set(mapping(state["z"], f"{path}.z"))
+            for name in names[1:]:
+                other = set(mapping(state[name], f"{path}.{name}"))
+                if other != keys:
+                    k = min(other ^ keys)
+                    raise ValueError(f"{path}.{name if k in other else 'z'} has the coordinate {k!r}, "
+                                     f"{path}.{'z' if k in other else name} has not")
+            z = {k: number(x, f"{path}.z.{k}") for k, x in state["z"].items()}
+            n = {k: number(x, f"{path}.n.{k}", 0.0, self.n_cap) for k, x in state["n"].items()}
+            v = {k: number(x, f"{path}.v.{k}", 0.0) for k, x in state["v"].items()} if gated else None
+            m = {k: count(x, f"{path}.m.{k}", 1) for k, x in state["m"].items()}
+        else:
+            dim = self.dim
+            z = dict(enumerate(numbers(state["z"], f"{path}.z", length=dim)))
+            n = dict(enumerate(numbers(state["n"], f"{path}.n", 0.0, self.n_cap, length=dim)))
+            v = dict(enumerate(numbers(state["v"], f"{path}.v", 0.0, length=dim))) if gated else None
+            m = None
+        self.z, self.n, self.v, self.m = z, n, v, m
+        self._w, self._dense = {}, None
         return self
+
+
+def _keyed(values: list | dict | None) -> dict:
+    """Per-coordinate values by key: a list's by index."""
+    if values is None:
+        return {}
+    return dict(enumerate(values)) if isinstance(values, list) else dict(values)
 
 
 class Decayed:
@@ -104,83 +189,6 @@ class Decayed:
         fields(state, path, ("x", "y", "count"))
         self.x, self.y = number(state["x"], f"{path}.x", 0.0), number(state["y"], f"{path}.y", 0.0)
         self.count = count(state["count"], f"{path}.count")
-        return self
-
-
-class GatedFTRL:
-    """Per-coordinate FTRL-Proximal over named coordinates, on the deviation from a prior.
-
-    The acceptance model's solver (paper 3.3, Table 14). Coordinates are created on first use (a
-    new n-gram bucket is just a new key) and start at their prior ``center`` (0 if absent). A
-    coordinate leaves its prior only once its accumulated gradient exceeds ``gate`` times the
-    square root of its accumulated squared gradient: the L1 threshold of FTRL-Proximal grows like
-    the noise of a sum of m gradients, so a coordinate whose gradients are noise around zero stays
-    at the prior and one with a consistent sign leaves it, continuously (soft threshold, no jump).
-
-    The paper states the gate as 3 sqrt(m) after m updates, which is this test for gradients of
-    unit size. Log-loss gradients of a node are |q - y| <= 1 and typically 0.3-0.5, so the literal
-    form is a 6-10 sigma test: on a real run of the default model (16 ConvFinQA replies, ~2,000
-    labels) it held every n-gram bucket at its prior, the deepest copy bucket at 154 labels with a
-    gradient sum of -26 against a gate of 37, while those nodes were accepted 0.8 of the time
-    against 0.65 predicted. Measuring the noise by the gradients themselves keeps the 3-sigma
-    meaning at any gradient scale.
-    """
-
-    def __init__(self, alpha: float, beta: float = 1.0, l2: float = 0.01, n_cap: float = 400.0,
-                 gate: float = 3.0, center: dict[str, float] | None = None):
-        self.alpha, self.beta, self.l2, self.n_cap, self.gate = alpha, beta, l2, n_cap, gate
-        self.center = dict(center or {})
-        self.z: dict[str, float] = {}
-        self.n: dict[str, float] = {}  # squared gradients, capped: the FTRL rate
-        self.v: dict[str, float] = {}  # squared gradients, uncapped: the gate's noise scale
-        self.m: dict[str, int] = {}  # updates (labels, for the acceptance model's exploration)
-        self._w: dict[str, float] = {}  # weights of coordinates updated since, read lazily
-
-    def weight(self, key: str) -> float:
-        w = self._w.get(key)
-        if w is None:
-            w = self.center.get(key, 0.0)
-            z = self.z.get(key, 0.0)
-            threshold = self.gate * math.sqrt(self.v.get(key, 0.0))
-            if abs(z) > threshold:
-                w -= (z - math.copysign(threshold, z)) / ((self.beta + math.sqrt(self.n[key])) / self.alpha + self.l2)
-            self._w[key] = w
-        return w
-
-    def update(self, grads: dict[str, float]) -> None:
-        """One step: ``grads`` maps each touched coordinate to its loss gradient."""
-        for key, g in grads.items():
-            w = self.weight(key)
-            n_old = self.n.get(key, 0.0)
-            n_new = min(n_old + g * g, self.n_cap)
-            sigma = (math.sqrt(n_new) - math.sqrt(n_old)) / self.alpha
-            self.z[key] = self.z.get(key, 0.0) + g - sigma * (w - self.center.get(key, 0.0))
-            self.n[key] = n_new
-            self.v[key] = self.v.get(key, 0.0) + g * g
-            self.m[key] = self.m.get(key, 0) + 1
-            self._w.pop(key, None)
-
-    def state(self) -> dict:
-        return {"z": dict(self.z), "n": dict(self.n), "v": dict(self.v), "m": dict(self.m)}
-
-    def load(self, state: dict, path: str = "gated") -> "GatedFTRL":
-        """Restore a ``state()``, checked: an update sets all four of a coordinate's entries, so
-        z, n, v and m have the same keys (``weight`` reads n of every key of z); n is the capped
-        sum of squared gradients, in [0, n_cap], v the uncapped one, >= 0; m counts the
-        coordinate's updates, >= 1 since it exists."""
-        fields(state, path, ("z", "n", "v", "m"))
-        keys = set(mapping(state["z"], f"{path}.z"))
-        for name in ("n", "v", "m"):
-            other = set(mapping(state[name], f"{path}.{name}"))
-            if other != keys:
-                k = min(other ^ keys)
-                raise ValueError(f"{path}.{name if k in other else 'z'} has the coordinate {k!r}, "
-                                 f"{path}.{'z' if k in other else name} has not")
-        self.z = {k: number(x, f"{path}.z.{k}") for k, x in state["z"].items()}
-        self.n = {k: number(x, f"{path}.n.{k}", 0.0, self.n_cap) for k, x in state["n"].items()}
-        self.v = {k: number(x, f"{path}.v.{k}", 0.0) for k, x in state["v"].items()}
-        self.m = {k: count(x, f"{path}.m.{k}", 1) for k, x in state["m"].items()}
-        self._w = {}
         return self
 
 
