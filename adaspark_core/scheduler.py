@@ -27,7 +27,7 @@ from .engine.base import Drafter, Target
 from .errors import InputError
 from .ngram import SuffixIndex
 from .record import RoundLog, RoundRecord, Timing
-from .tree import ANCHOR, NGRAM, PICK, SIBLING, Candidate
+from .tree import PICK, Candidate
 
 MAX_CHAIN_DEPTH = 32  # n-gram chains stop 32 tokens below the anchor (Table 14)
 # Sibling n-gram chains per round where earlier occurrences continue differently. One, not three:
