@@ -10,6 +10,9 @@ PROMPTS = ROOT / "fixtures" / "prompts"
 # The simulated model (adaspark_core/engine/simlm.py) for command tests where llama.cpp is not the
 # point: the whole CLI, store and log run on it, in a fraction of the real model's load time.
 SIM = "sim:cpu-smollm2-q4_0"
+# A re-score's top-2 logit gap below this is a near tie: where kernels of different shapes may
+# pick different argmaxes (paper 3.5).
+NEAR_TIE = 0.5
 
 
 @pytest.fixture(scope="session")

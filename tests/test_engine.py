@@ -11,15 +11,14 @@ from adaspark_core.engine.llama import rescore
 from adaspark_core.scheduler import Generation, parse_arm, run
 from adaspark_core.tree import ANCHOR, PICK, SIBLING
 
-from conftest import PROMPTS, prompt_tokens
+from conftest import NEAR_TIE, PROMPTS, prompt_tokens
 
 PROMPT_NAMES = ["rewrite.txt", "explain.txt", "story.txt", "code.txt", "summary.txt", "list.txt"]
 ARMS = ["ar", "chain:3", "chain:8", "tree:2", "tree:4", "tree:8", "tree:16"]
-# Logit gap under which two tokens count as tied. With flash attention off, a verify of two rows
-# or more computes every row bit for bit as the one-batch re-score does; a one-row verify runs
-# another kernel, whose logits differ by up to 1.2 (measured on the default model) and whose
-# argmax differed from the re-score's at gaps of at most 0.28 over 348 tokens of six prompts.
-NEAR_TIE = 0.5
+# NEAR_TIE (conftest): with flash attention off, a verify of two rows or more computes every row
+# bit for bit as the one-batch re-score does; a one-row verify runs another kernel, whose logits
+# differ by up to 1.2 (measured on the default model) and whose argmax differed from the
+# re-score's at gaps of at most 0.28 over 348 tokens of six prompts.
 
 
 
