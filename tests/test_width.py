@@ -1,11 +1,9 @@
 """The online verify-cost model and width chooser (paper 3.2, 3.4) against simulated targets whose
 cost curves and acceptance are known exactly (engine/sim.py), starting from an empty store."""
 
-import os
 import random
 import statistics
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 
 import orjson
 import pytest
@@ -49,44 +47,9 @@ def expected_rate(curve, params, widths, contexts, draft_ms=2.0, p_clean=0.7, no
     return tokens / ms
 
 
-def spread(fn, jobs: list) -> dict:
-    """``{job: fn(*job)}``, the jobs run in worker processes, one per core. The studies below are
-    independent runs of a pure simulation (seeded, virtual clock), so spreading them changes no
-    result, only the wall time."""
-    if len(jobs) <= 1:
-        return {job: fn(*job) for job in jobs}
-    with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
-        return dict(zip(jobs, pool.map(fn, *zip(*jobs))))
-
-
-def selected(request, test: str) -> list[str]:
-    """The curves of ``test`` this session runs (all of them, or those ``-k`` kept)."""
-    return sorted({item.callspec.params["curve"] for item in request.session.items
-                   if getattr(item, "originalname", None) == test})
-
-
-def rate_ratio(curve: str, seed: int) -> float:
-    """The learner's long-run rate over the best pinned width's, on the second half of 12 requests."""
-    _, late, params = serve(curve, seed=seed)
-    widths = [r.width for r in late]
-    contexts = [r.context for r in late]
-    ours = expected_rate(curve, params, widths, contexts)
-    best = max(expected_rate(curve, params, [w] * len(contexts), contexts) for w in range(1, 58))
-    return ours / best
-
-
-SEEDS = range(3)
-
-
-@pytest.fixture(scope="module")
-def rate_ratios(request):
-    curves = selected(request, "test_the_rate_reached_is_close_to_the_best_pinned_widths")
-    return spread(rate_ratio, [(c, seed) for c in curves for seed in SEEDS])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("curve", sorted(CURVES))
-def test_the_rate_reached_is_close_to_the_best_pinned_widths(curve, rate_ratios):
+def test_the_rate_reached_is_close_to_the_best_pinned_widths(curve):
     """Measured (3 seeds each, second half of 12 requests, the guarded acceptance model pricing):
     qwen3-4b 1.000 1.000 1.000; lfm2.5-2.6b 0.998 1.000 0.985; moe 1.000 0.999 1.000; gemma 1.000
     1.004 ...; cpu q4_0 1.000 1.000 0.994; cpu q4_1 1.047 1.000 1.048; cpu q8_0 1.000 1.001 0.987.
@@ -95,50 +58,35 @@ def test_the_rate_reached_is_close_to_the_best_pinned_widths(curve, rate_ratios)
     run at 3,200 tokens kept a level fitted there at 1,600 and the chooser could settle on the
     wrong width for good (cpu q4_1 0.947, cpu q8_0 0.934 on one seed). So: 1.5% on the mean over
     seeds and 4% on any seed."""
-    ratios = [rate_ratios[(curve, seed)] for seed in SEEDS]
+    ratios = []
+    for seed in range(3):
+        _, late, params = serve(curve, seed=seed)
+        widths = [r.width for r in late]
+        contexts = [r.context for r in late]
+        ours = expected_rate(curve, params, widths, contexts)
+        best = max(expected_rate(curve, params, [w] * len(contexts), contexts) for w in range(1, 58))
+        ratios.append(ours / best)
     print(curve, [round(r, 4) for r in ratios])
     assert statistics.mean(ratios) >= 0.985 and min(ratios) >= 0.96, ratios
 
 
-def price_errors(curve: str) -> list[float]:
-    """|price / measured verify time - 1| of the chosen width, second half of 6 requests."""
-    _, late, _ = serve(curve, requests=6)
-    return [abs(dict(zip(r.offered, r.prices))[r.width] / r.times.verify - 1)
-            for r in late if r.prices and r.width in r.offered]
-
-
-@pytest.fixture(scope="module")
-def cold_start_errors(request):
-    test = "test_after_cold_start_the_price_of_the_chosen_width_is_within_two_percent"
-    return spread(price_errors, [(c,) for c in selected(request, test)])
-
-
 @pytest.mark.parametrize("curve", ["qwen3-4b-q4km", "lfm2.5-2.6b-q8", "cpu-smollm2-q4_0"])
-def test_after_cold_start_the_price_of_the_chosen_width_is_within_two_percent(curve, cold_start_errors):
-    errors = cold_start_errors[(curve,)]
+def test_after_cold_start_the_price_of_the_chosen_width_is_within_two_percent(curve):
+    _, late, _ = serve(curve, requests=6)
+    errors = [abs(dict(zip(r.offered, r.prices))[r.width] / r.times.verify - 1)
+              for r in late if r.prices and r.width in r.offered]
     assert len(errors) > 300
     assert statistics.median(errors) < 0.02
 
 
-def width_one_share(curve: str) -> tuple[int, float]:
-    """The best pinned width on the second half of 6 requests, and the share of its rounds at width 1."""
+@pytest.mark.slow
+@pytest.mark.parametrize("curve", ["cpu-smollm2-q8_0", "cpu-gemma3-270m-q4km"])
+def test_width_one_is_chosen_where_the_tree_never_pays(curve):
     _, late, params = serve(curve, requests=6)
     contexts = [r.context for r in late]
     best = max(range(1, 58), key=lambda w: expected_rate(curve, params, [w] * len(contexts), contexts))
-    return best, Counter(r.width for r in late)[1] / len(late)
-
-
-@pytest.fixture(scope="module")
-def width_one_shares(request):
-    return spread(width_one_share, [(c,) for c in selected(request, "test_width_one_is_chosen_where_the_tree_never_pays")])
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("curve", ["cpu-smollm2-q8_0", "cpu-gemma3-270m-q4km"])
-def test_width_one_is_chosen_where_the_tree_never_pays(curve, width_one_shares):
-    best, share = width_one_shares[(curve,)]
     assert best == 1
-    assert share >= 0.95
+    assert Counter(r.width for r in late)[1] >= 0.95 * len(late)
 
 
 def measured(width, ms, context=500, first=False, last=False):
