@@ -174,8 +174,9 @@ def children_of(cands: list[dict]) -> dict[int, list[int]]:
 
 
 @dataclass(slots=True)
-class Pricing:
-    """One round's two estimates for every candidate, and which one prices the tree."""
+class Estimates:
+    """One round's two estimates of q (the probability a candidate is accepted if its parent is)
+    for every candidate, and which one the tree is built on (``priced``, the round record's name)."""
 
     fitted: list[float]
     head: list[float]
@@ -213,7 +214,7 @@ class AcceptanceModel:
         self.guard_head = Decayed(p.guard_half_life)
         self.guard_fitted = Decayed(p.guard_half_life)
         self.requests = 0
-        self._last: tuple[list[dict], Pricing] | None = None
+        self._last: tuple[list[dict], Estimates] | None = None
         # Rounds of the current request waiting for their continuation (hindsight labels), and the
         # tokens committed since the oldest of them. Not stored: a request ends before a save.
         self._pending: list[tuple] = []
@@ -229,14 +230,14 @@ class AcceptanceModel:
         self.offset.reset()
         self.requests += 1
 
-    # --- pricing ---
+    # --- est ---
 
     @property
     def fitted_wins(self) -> bool:
         """The guard: the fitted model prices while its decayed log loss per node is lower."""
         return self.guard_head.y > 0 and self.guard_fitted.x < self.guard_head.x
 
-    def price(self, cands: list[dict], context: int, p_src: float, fitted_allowed: bool = True) -> Pricing:
+    def estimate(self, cands: list[dict], context: int, p_src: float, fitted_allowed: bool = True) -> Estimates:
         """Both estimates for every candidate of a round (Eq. 6 over every parent's candidates,
         placed or not, so each q is fixed before the tree is chosen), and which one prices the
         tree: the fitted model where the guard prefers it, unless not ``fitted_allowed`` (the
@@ -268,9 +269,9 @@ class AcceptanceModel:
             denom = 1.0 + sum(e)
             for j, ej in zip(group, e):
                 fitted[j] = ej / denom
-        pricing = Pricing(fitted, head, FITTED if fitted_allowed and self.fitted_wins else HEAD, kids, ctx, lp)
-        self._last = (cands, pricing)
-        return pricing
+        est = Estimates(fitted, head, FITTED if fitted_allowed and self.fitted_wins else HEAD, kids, ctx, lp)
+        self._last = (cands, est)
+        return est
 
     @staticmethod
     def _score(feat, b_req: float, wc, wb) -> float:
@@ -311,16 +312,16 @@ class AcceptanceModel:
             self._resolve(everything=True)  # a request that ended without its last round
         if cands:
             if self._last is not None and self._last[0] is cands:
-                pricing = self._last[1]
+                est = self._last[1]
             else:
-                pricing = self.price(cands, rec.context, rec.p_src if rec.p_src is not None else 0.5)
+                est = self.estimate(cands, rec.context, rec.p_src if rec.p_src is not None else 0.5)
             self._last = None
             row_of = {j: r for r, j in enumerate(rec.rows)}  # the anchor's row is ANCHOR -> 0
             labelled = [(parent, rec.argmax[row_of[parent]]) for parent in [ANCHOR, *rec.path]]
-            self._label(cands, pricing, labelled, score)
+            self._label(cands, est, labelled, score)
             depth = max(c["depth"] for c in cands)
             if depth > len(rec.path) + 1:  # nodes below the verified labels: wait for the text
-                self._pending.append((rec, pricing, len(self._committed)))
+                self._pending.append((rec, est, len(self._committed)))
         if self._pending:
             self._committed += [cands[j]["token"] for j in rec.path] + [rec.bonus]
         self._resolve(everything=rec.last)
@@ -330,7 +331,7 @@ class AcceptanceModel:
         """Learn the hindsight labels of the waiting rounds whose continuation is known (all of
         them when the request ends), oldest first."""
         done = 0
-        for rec, pricing, start in self._pending:
+        for rec, est, start in self._pending:
             cont = self._committed[start:]
             cands = rec.candidates
             if len(cont) < max(c["depth"] for c in cands) and not everything:
@@ -339,25 +340,25 @@ class AcceptanceModel:
             path = hindsight_path(cands, cont)
             # The children of path[i] are labelled by cont[i + 1]; those of the verified path
             # (and of its last node, by the bonus) already learned in learn().
-            self._label(cands, pricing, [(path[i], cont[i + 1]) for i in range(len(rec.path), len(path))
+            self._label(cands, est, [(path[i], cont[i + 1]) for i in range(len(rec.path), len(path))
                                   if i + 1 < len(cont)], RoundScore(), per_request=False)
         del self._pending[:done]
         if not self._pending:
             self._committed = []
 
-    def _label(self, cands: list[dict], pricing: Pricing, labelled: list[tuple[int, int]], score: RoundScore,
+    def _label(self, cands: list[dict], est: Estimates, labelled: list[tuple[int, int]], score: RoundScore,
                per_request: bool = True) -> None:
         """Score (guard) and learn the children of each ``(parent, token the target chose after
         it)``: every label is scored before any of them is learned (the guard's rule), then one
         FTRL step per labelled parent, from the q of the round's start."""
         steps = []
         for parent, truth in labelled:
-            group = pricing.kids.get(parent)
+            group = est.kids.get(parent)
             if not group:
                 continue
             labels = [cands[j]["token"] == truth for j in group]
-            lf = sum(node_loss(pricing.fitted[j], y) for j, y in zip(group, labels))
-            lh = sum(node_loss(pricing.head[j], y) for j, y in zip(group, labels))
+            lf = sum(node_loss(est.fitted[j], y) for j, y in zip(group, labels))
+            lh = sum(node_loss(est.head[j], y) for j, y in zip(group, labels))
             self.guard_fitted.add(lf, len(group))
             self.guard_head.add(lh, len(group))
             score.nodes += len(group)
@@ -369,10 +370,10 @@ class AcceptanceModel:
             g_bucket: dict[str, float] = {}
             g_req = g_off = 0.0
             for j, y in zip(group, labels):
-                g = pricing.fitted[j] - y  # d(-log softmax)/ds_j
+                g = est.fitted[j] - y  # d(-log softmax)/ds_j
                 g_req += g
-                g_off += pricing.head[j] - y  # d(node log loss)/d(logit offset)
-                _, coef, buckets = features(cands[j], pricing.ctx, pricing.lp)
+                g_off += est.head[j] - y  # d(node log loss)/d(logit offset)
+                _, coef, buckets = features(cands[j], est.ctx, est.lp)
                 for k, x in coef:
                     g_coef[k] = g_coef.get(k, 0.0) + g * x
                 for k, x in buckets:

@@ -62,7 +62,7 @@ class FTRL:
         self._dense: list[float] | None = None  # weights() as a list, for predict
 
     def weight(self, key) -> float:
-        # The hot path of acceptance pricing: a cached weight is one dict lookup.
+        # The hot path of the acceptance model's estimates: a cached weight is one dict lookup.
         w = self._w.get(key)
         if w is None:
             w = self.center.get(key, 0.0)

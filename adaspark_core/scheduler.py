@@ -182,8 +182,8 @@ def decide_round(cands: list[dict], context: int, p_src: float | None, arm: Arm,
     if cands:
         p_src = 0.5 if p_src is None else p_src
         if learners is not None:
-            pricing = learners.acceptance.price(cands, context, p_src, fitted_allowed=arm.fitted)
-            qs, priced = pricing.q, pricing.priced
+            est = learners.acceptance.estimate(cands, context, p_src, fitted_allowed=arm.fitted)
+            qs, priced = est.q, est.priced
         else:
             qs, priced = [head_q(c, p_src) for c in cands], HEAD
         for c, q in zip(cands, qs):

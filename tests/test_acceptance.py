@@ -70,9 +70,9 @@ def test_fitted_coefficients_approach_a_law_of_the_models_form():
         # Contexts log-uniform over 128-8,192 tokens; no effect in this law, so the context term
         # must stay near 0.
         context = round(128 * 64 ** rng.random())
-        pricing = model.price(cands, context, 0.5)
+        est = model.estimate(cands, context, 0.5)
         if i >= 30_000:  # score the last quarter before learning, like the guard
-            for c, qt, qf in zip(cands, q_true, pricing.fitted):
+            for c, qt, qf in zip(cands, q_true, est.fitted):
                 y = c["token"] == truth
                 true_loss += node_loss(qt, y)
                 fitted_loss += node_loss(qf, y)
@@ -95,7 +95,7 @@ def test_the_prior_prices_a_pick_at_its_head_when_the_siblings_share_sums_to_one
              Candidate(2, ANCHOR, SIBLING, 1, h=0.7, share=0.75, sigma=0.5).to_dict(),
              Candidate(3, ANCHOR, SIBLING, 1, h=0.7, share=0.25, sigma=0.5).to_dict()]
     model.start_request()
-    p = model.price(cands, 0, 0.5)  # context 0: the context term vanishes
+    p = model.estimate(cands, 0, 0.5)  # context 0: the context term vanishes
     assert p.fitted[0] == pytest.approx(0.7)
     assert p.fitted[1] == pytest.approx(0.75 * 0.3 / 2)  # sibling: r (1 - h) / 2 under the prior
     assert sum(p.fitted) < 1
@@ -118,7 +118,7 @@ def run_picks(model, rng, n, true_q, fitted_allowed=True):
         h = rng.uniform(0.05, 0.95)
         cands = [Candidate(5, ANCHOR, PICK, 1, h=h, share=None).to_dict()]
         y = rng.random() < true_q(h)
-        p = model.price(cands, 600, 0.5, fitted_allowed=fitted_allowed)
+        p = model.estimate(cands, 600, 0.5, fitted_allowed=fitted_allowed)
         if i >= n // 2:
             priced += p.priced == FITTED
             losses[FITTED] += node_loss(p.fitted[0], y)
@@ -194,7 +194,7 @@ def run_rounds(hindsight: bool, rounds: int = 8000):
     for i in range(rounds):
         model.start_request()
         cands = ngram_round()
-        p = model.price(cands, 600, 0.2)
+        p = model.estimate(cands, 600, 0.2)
         for c, q in zip(cands, p.q):
             c["q"] = q
         order = tree.best_first(tree.products([c["parent"] for c in cands], p.q))
@@ -211,7 +211,7 @@ def test_hindsight_labels_correct_a_bucket_that_best_first_never_places():
 
     def q_z(model):
         model.start_request()
-        return model.price(ngram_round(), 600, 0.2).fitted[4]
+        return model.estimate(ngram_round(), 600, 0.2).fitted[4]
 
     without = run_rounds(hindsight=False)
     assert without.buckets.m.get(z, 0) < 5  # best-first placed Y once or twice at most
@@ -229,7 +229,7 @@ def test_hindsight_labels_wait_for_the_text_and_never_teach_the_request_intercep
     cands = ngram_round()
     model = AcceptanceModel()
     model.start_request()
-    p = model.price(cands, 600, 0.2)
+    p = model.estimate(cands, 600, 0.2)
     # M1 verified and accepted, the bonus M2; M3 is labelled only once the next round commits.
     model.learn(record(cands, [1, 2], [ANCHOR, 0], [0], p_src=0.2, last=False))
     m3 = "ng:" + cands[2]["bucket"]
@@ -271,7 +271,7 @@ def test_adding_ngram_candidates_never_lowers_s_at_any_width(seed):
         model.buckets.z["ng:" + cands[-1].bucket] = rng.uniform(-20, 20)
         model.buckets.n["ng:" + cands[-1].bucket] = 100.0
     dicts = [c.to_dict() for c in cands]
-    q = model.price(dicts, rng.randint(1, 9000), rng.random()).fitted
+    q = model.estimate(dicts, rng.randint(1, 9000), rng.random()).fitted
     big_q = tree.products([c["parent"] for c in dicts], q)
     merged = [big_q[j] for j in tree.best_first(big_q)]
     only = sorted(big_q[:drafter], reverse=True)  # drafter nodes never hang below n-gram nodes

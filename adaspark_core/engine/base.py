@@ -59,7 +59,7 @@ class Drafter(Protocol):
 
     def propose(self, depth_limit: int) -> list[Candidate]:
         """Candidates below the anchor, parents before children, none deeper than
-        ``depth_limit``. Features (h, share) set; ``q`` is left to the pricing model."""
+        ``depth_limit``. Features (h, share) set; ``q`` is left to the acceptance model."""
 
     def close(self) -> None:
         """Free the drafter's llama.cpp context."""
