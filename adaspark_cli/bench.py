@@ -12,6 +12,9 @@ the arms interleaved and each pass in the opposite order of the last, and report
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,12 +25,16 @@ import typer
 from tabulate import tabulate
 
 from adaspark_core import tree
-from adaspark_core.engine.llama import LlamaModel, LlamaTarget
-from adaspark_core.models import default_model
-from adaspark_core.survey import pinned_verify_ms  # chain verify at a fixed context, warm-ups dropped
 from adaspark_core.chooser import AdaptiveWidth
+from adaspark_core.engine.drafters import make_drafter
+from adaspark_core.engine.llama import LlamaModel, LlamaTarget
 from adaspark_core.learned import Learners
+from adaspark_core.models import default_model, shipped_default
+from adaspark_core.record import RoundLog
+from adaspark_core.replay import expected_accepted
 from adaspark_core.scheduler import Generation, parse_arm, run
+from adaspark_core.survey import pinned_verify_ms  # chain verify at a fixed context, warm-ups dropped
+from adaspark_core.testset import load_sources, user_message
 from adaspark_core.tree import ANCHOR, NGRAM
 
 PROMPTS = Path(__file__).resolve().parent.parent / "fixtures" / "prompts"
@@ -175,10 +182,6 @@ def ngram(
     own replies as history; adaspark serves every conversation in order with one set of learners
     from empty. Per source: geometric mean of per-reply decode-speed ratios (replies that hit the
     cap in either arm left out and counted) and realised over expected accepted nodes (paper 4.7)."""
-    from adaspark_core.record import RoundLog
-    from adaspark_core.replay import expected_accepted
-    from adaspark_core.testset import load_sources, user_message
-
     arms = [parse_arm("ar"), parse_arm("adaspark")]
     lm = LlamaModel(model or default_model())
     target = LlamaTarget(lm)
@@ -261,13 +264,6 @@ def drafters(
     drafting for itself, the shipped Q4_1 copy drafting for the Q4_0 target, and a synthetic DSpark
     GGUF (random weights: its rows show the cost of a DSpark block on this machine, not its
     acceptance). D is the round's time before the verify (draft, n-gram fill, pricing, width)."""
-    import subprocess
-    import sys
-    import tempfile
-
-    from adaspark_core.engine.drafters import make_drafter
-    from adaspark_core.models import shipped_default
-
     path = model or default_model()
     lm = LlamaModel(path)
     tmp = Path(tempfile.mkdtemp(prefix="adaspark-bench-"))
@@ -314,8 +310,6 @@ def quant(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Verify time by width of the shipped Q4_1 default model and its Q4_0 copy, side by side."""
-    from adaspark_core.models import shipped_default
-
     ws = [int(w) for w in widths.split(",")]
     cs = [int(c) for c in contexts.split(",")]
     files = {"Q4_1 (shipped)": shipped_default(), "Q4_0 (default)": default_model()}

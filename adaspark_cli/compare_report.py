@@ -25,6 +25,8 @@ from tabulate import tabulate
 
 from adaspark_core.stats import ALL
 
+from adaspark_cli.plot import line_plot
+
 ALL_LABEL = "all replies"
 BAND_LABEL = {ALL: "all replies", "<2048": "under 2,048", ">=2048": "2,048 and over"}
 OTHER_SHARE = 0.01  # widths under this share in every column fold into one row, as in Figure 8
@@ -216,8 +218,6 @@ def figure(summary: dict, path, title: str = "") -> Path | None:
     95% intervals (points with whiskers, one colour per arm, a dashed line at 1). Returns the path,
     or None, writing nothing, when no arm has a ratio anywhere (e.g. every pair without an
     interval): the run's numbers are still in the tables and compare.json."""
-    from adaspark_cli.plot import line_plot
-
     s = summary
     kind, v = headline(s)
     vs = v["vs_baseline"] or {}

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from adaspark_core.errors import InputError
+from adaspark_core.files import replace
 
 INSTALL = "pip install 'adaspark[plot]'"
 DPI = 100  # ``size`` is in pixels: figsize = size / DPI
@@ -82,8 +83,6 @@ def line_plot(path, series: dict, x_label: str = "", y_label: str = "", title: s
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
-
-    from adaspark_core.files import replace
 
     fig = Figure(figsize=(size[0] / DPI, size[1] / DPI), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)  # rasterizes in memory: never a display
