@@ -79,7 +79,11 @@ class FTRL:
     def weights(self) -> list[float]:
         """The dense weights, in index order."""
         if self._dense is None:
-            self._dense = [self.weight(i) for i in range(self.dim)]
+            # Most coordinates are cached (an update resolves only its own): look them up here,
+            # call weight() only to resolve (the cost laws read this every round, and replay
+            # thousands of times).
+            cached, weight = self._w.get, self.weight
+            self._dense = [weight(i) if (w := cached(i)) is None else w for i in range(self.dim)]
         return self._dense
 
     def predict(self, x: list[float]) -> float:
@@ -93,8 +97,10 @@ class FTRL:
     def update(self, grads: dict) -> None:
         """One step: ``grads`` maps each touched coordinate to its loss gradient."""
         z, n, v, m, center = self.z, self.n, self.v, self.m, self.center
+        # Every weight as it stood before this step (each key is stepped once); dense: the list.
+        weight = self.weight if m is not None else self.weights().__getitem__
         for key, g in grads.items():
-            d = self.weight(key) - center.get(key, 0.0)
+            d = weight(key) - center.get(key, 0.0)
             n_old = n.get(key, 0.0)
             n_new = min(n_old + g * g, self.n_cap)
             sigma = (math.sqrt(n_new) - math.sqrt(n_old)) / self.alpha

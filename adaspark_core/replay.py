@@ -25,6 +25,7 @@ The report is computed on the way, from what replay observes:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -170,7 +171,9 @@ def replay(records: Iterable[RoundRecord], learners: Learners | None = None,
             req.fitted_rounds += dec.priced == FITTED
         if dec.favourite is not None:
             report.model_choices[(rec.request, rec.round)] = dec.favourite
-        score = learners.learn(rec)
+        # Learned from the priced copies: the acceptance model reuses the estimate it just made for
+        # exactly these dicts (as the live round does) instead of pricing the round again.
+        score = learners.learn(dataclasses.replace(rec, candidates=priced))
         req.nodes += score.nodes
         req.head_loss += score.head_loss
         req.fitted_loss += score.fitted_loss

@@ -86,7 +86,7 @@ def test_a_coordinate_with_zero_input_is_not_stepped():
     f = FTRL(3)
     f.update_linear([1.0, 0.0, 2.0], 0.5)
     assert f.n == {0: 0.25, 1: 0.0, 2: 1.0} and f.z[1] == 0.0
-    with pytest.raises(KeyError):
+    with pytest.raises(LookupError):
         f.update({3: 1.0})  # dense coordinates are 0..dim-1 only
 
 
