@@ -65,26 +65,36 @@ class FTRL:
         # The hot path of the acceptance model's estimates: a cached weight is one dict lookup.
         w = self._w.get(key)
         if w is None:
-            w = self.center.get(key, 0.0)
-            z = self.z.get(key, 0.0)
-            t = self.l1 if self.gate is None else self.l1 + self.gate * math.sqrt(self.v.get(key, 0.0))
-            if abs(z) > t:
-                w -= (z - math.copysign(t, z)) / ((self.beta + math.sqrt(self.n[key])) / self.alpha + self.l2)
-            lo = self.lower.get(key)
-            if lo is not None and w < lo:
-                w = lo
-            self._w[key] = w
+            self._resolve((key,))
+            w = self._w[key]
         return w
 
     def weights(self) -> list[float]:
         """The dense weights, in index order."""
         if self._dense is None:
-            # Most coordinates are cached (an update resolves only its own): look them up here,
-            # call weight() only to resolve (the cost laws read this every round, and replay
-            # thousands of times).
-            cached, weight = self._w.get, self.weight
-            self._dense = [weight(i) if (w := cached(i)) is None else w for i in range(self.dim)]
+            cached = self._w
+            missing = [i for i in range(self.dim) if i not in cached]
+            if missing:  # the coordinates the last step touched
+                self._resolve(missing)
+            self._dense = [cached[i] for i in range(self.dim)]
         return self._dense
+
+    def _resolve(self, keys) -> None:
+        """Compute and cache the weights of ``keys``: the closed form of FTRL-Proximal, the
+        threshold l1 (+ gate sqrt(v)), then the lower bound. One loop for many keys: the cost laws
+        re-read every coordinate after each step, thousands of times a replay."""
+        center, zs, ns, v, lower, cache = self.center, self.z, self.n, self.v, self.lower, self._w
+        l1, gate, alpha, beta, l2 = self.l1, self.gate, self.alpha, self.beta, self.l2
+        for key in keys:
+            w = center.get(key, 0.0)
+            z = zs.get(key, 0.0)
+            t = l1 if gate is None else l1 + gate * math.sqrt(v.get(key, 0.0))
+            if abs(z) > t:
+                w -= (z - math.copysign(t, z)) / ((beta + math.sqrt(ns[key])) / alpha + l2)
+            lo = lower.get(key)
+            if lo is not None and w < lo:
+                w = lo
+            cache[key] = w
 
     def predict(self, x: list[float]) -> float:
         return sum(map(mul, self.weights(), x))
