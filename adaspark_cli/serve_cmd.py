@@ -5,6 +5,7 @@ Responses, one JSON object per line on stdout:
 
     {"id": ..., "delta": "text"}                                  (streamed requests, per round)
     {"id": ..., "done": true, "text": "...", "finish": "stop"|"length"|"context"|"interrupted",
+     "prompt_tokens": n, "prompt_reused": n taken from the previous request's KV (--reuse-prefix),
      "stats": {"generated_tokens", "decode_tok_s", "tokens_per_round", "widths", ...}}
     {"id": ... or null, "error": "what was wrong"}                 (the server goes on serving)
 
@@ -64,13 +65,17 @@ def serve_stdin(
     log: Optional[Path] = console.LOG,
     n_ctx: Optional[int] = console.N_CTX,
     threads: Optional[int] = console.THREADS,
+    reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix",
+                                      help="Keep the last request's KV and prefill only what follows the common "
+                                           "token prefix (a conversation's next turn pays for its new text only)."),
 ) -> None:
     """Serve requests read as JSON lines on stdin, one at a time, answering in JSON lines on
     stdout. A request: {"id", "prompt" (raw text) or "messages" (chat), "max_tokens", "stream"}."""
     if sys.stdin is None:
         console.fail("stdin is closed: serve-stdin reads its requests there")
     with reported():
-        rt = Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k), arm=arm, store=store, log=log)
+        rt = Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k, reuse_prefix),
+                          arm=arm, store=store, log=log)
     server = Server(rt, max_tokens)
     signals = _Signals()
     signals.install()
@@ -135,7 +140,8 @@ class Server:
                 self._keep(gen.stats.rounds)
         self.served += 1
         console.write_json({"id": req.id, "done": True, "text": text, "finish": gen.finish or "interrupted",
-                            "prompt_tokens": len(prompt), "stats": gen.stats.to_json()})
+                            "prompt_tokens": len(prompt), "prompt_reused": rt.target.reused,
+                            "stats": gen.stats.to_json()})
 
     def _keep(self, rounds: int, requests: int = 1) -> None:
         """Save the learned state; a store that cannot be written (a full disk) is said on

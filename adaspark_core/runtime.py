@@ -38,6 +38,7 @@ class EngineOptions:
     drafter: str = "none"
     block: int | None = None
     top_k: int = 8
+    reuse_prefix: bool = False  # keep the committed KV across requests (serving several in a row)
 
 
 def open_model(spec: str | Path | None):
@@ -83,7 +84,7 @@ class Runtime:
         rt = cls(None, None, None, the_arm, None, None, None, opts.threads)
         try:
             rt.model = model if model is not None else open_model(opts.model)
-            rt.target = rt.model.target(n_ctx=opts.n_ctx, threads=opts.threads)
+            rt.target = rt.model.target(n_ctx=opts.n_ctx, threads=opts.threads, reuse_prefix=opts.reuse_prefix)
             rt.drafter = _drafter(opts.drafter, rt.model, rt.target, opts)
             if the_arm is not None and the_arm.learns:
                 fp = fingerprint(rt.model.path, rt.drafter.model.path if rt.drafter is not None else None)

@@ -90,6 +90,34 @@ def test_every_emitted_token_is_the_targets_argmax(lm, target, arm):
 
 
 @pytest.mark.model
+def test_a_conversation_prefills_only_what_follows_the_cached_prefix(lm):
+    """Four turns on a target that keeps its committed KV (reuse_prefix): each turn prefills only
+    what follows the longest common prefix of the cache and the new prompt (at least the whole
+    previous prompt), the KV invariants hold every round, and every emitted token is the
+    re-score's argmax but at near ties, as after a fresh prefill."""
+    from adaspark_core.engine.llama import LlamaTarget
+
+    target = LlamaTarget(lm, n_ctx=2048, reuse_prefix=True)
+    messages, previous = [], None
+    for question in ["Name a colour.", "Why that one?", "Repeat your first answer.", "Say it in French."]:
+        messages.append({"role": "user", "content": question})
+        prompt = lm.chat_prompt(messages)
+        gen, _, _ = decode_checked(lm, target, prompt, "adaspark", 24)
+        if previous is None:
+            assert target.reused == 0
+        else:
+            assert len(previous) <= target.reused < len(prompt), (len(previous), target.reused, len(prompt))
+        previous = prompt
+        reply = b"".join(lm.piece(t) for t in gen.tokens).decode("utf-8", "replace")
+        messages.append({"role": "assistant", "content": reply})
+    # a prompt that shares only a little: the cache is cut back to it, the rest prefilled again
+    prompt = lm.chat_prompt([{"role": "user", "content": "Name a fruit."}])
+    decode_checked(lm, target, prompt, "adaspark", 16)
+    assert 0 < target.reused < len(previous)
+    target.close()
+
+
+@pytest.mark.model
 def test_a_tree_whose_spine_is_the_greedy_continuation_commits_it(lm, target):
     """Every round, the spine is the next 6 tokens of an ``ar`` run from the committed text, with
     two random siblings beside every spine node (one with a random child of its own). The tree must

@@ -168,3 +168,21 @@ def test_sigkill_at_random_moments_never_leaves_an_unreadable_store(tmp_path):
             fp = orjson.loads(store.read_bytes())["fingerprint"]
             seen.add(Store.open(store, fp).counts["requests"])  # raises on an unreadable store
     assert max(seen, default=0) > 0  # the kills did land after saves
+
+
+@pytest.mark.model
+def test_a_conversations_next_turn_prefills_only_its_new_text(tmp_path):
+    """Prompt-prefix reuse on the real model: the second turn of a chat keeps the first turn's KV
+    (its whole prompt at least: the reply's tokens too where the history repeats them); with
+    --no-reuse-prefix every request is prefilled from scratch."""
+    first = [{"role": "user", "content": "Name a colour."}]
+    turn = first + [{"role": "assistant", "content": "Blue."}, {"role": "user", "content": "Why?"}]
+    for flag in ("--reuse-prefix", "--no-reuse-prefix"):
+        res, out = serve([request(1, messages=first, max_tokens=12), request(2, messages=turn, max_tokens=12)],
+                         "--store", tmp_path / "s.json", flag)
+        assert res.returncode == 0, res.stderr
+        assert out[0]["prompt_reused"] == 0
+        if flag == "--reuse-prefix":
+            assert out[0]["prompt_tokens"] <= out[1]["prompt_reused"] < out[1]["prompt_tokens"]
+        else:
+            assert out[1]["prompt_reused"] == 0

@@ -186,9 +186,9 @@ class LlamaModel:
         except Exception as e:  # a template error names the model, not our stack
             raise InputError(f"the chat template of {self.path.name} failed: {e}") from None
 
-    def target(self, n_ctx: int | None = None, threads: int | None = None) -> "LlamaTarget":
+    def target(self, n_ctx: int | None = None, threads: int | None = None, reuse_prefix: bool = False) -> "LlamaTarget":
         """A verifying context on this model (``n_ctx``: default the model's, at most 8192)."""
-        return LlamaTarget(self, n_ctx=n_ctx, threads=threads)
+        return LlamaTarget(self, n_ctx=n_ctx, threads=threads, reuse_prefix=reuse_prefix)
 
     def piece_special(self, token: int) -> bytes:
         n = L.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, True)
@@ -210,8 +210,12 @@ class LlamaTarget(FreedWithObject):
         max_width: int = 64,
         n_batch: int = 512,
         flash_attn: bool = False,
+        reuse_prefix: bool = False,
     ):
         self.model = model
+        # Keep the committed KV across requests and prefill only what follows the longest common
+        # token prefix (``start``). Off where nothing follows a request on this target.
+        self.reuse_prefix = reuse_prefix
         self.n_vocab = model.n_vocab
         self.n_ctx = int(n_ctx or min(model.n_ctx_train or 4096, 8192))
         if self.n_ctx > UINT32_MAX:
@@ -260,6 +264,8 @@ class LlamaTarget(FreedWithObject):
         self.n_past = 0  # cells of sequence 0 = position of the anchor
         self.anchor: int | None = None
         self._synced = [0] * self.n_seq  # committed positions each leaf sequence carries
+        self._kv: list[int] = []  # the tokens at positions 0..n_past-1 of sequence 0
+        self.reused = 0  # prompt tokens the last start took from the cache instead of prefilling
         self._last_rows = 0
         # Hidden-state capture for a DSpark drafter (capture_hidden): the target layers whose
         # inputs are kept, the last verify's rows, and the committed rows not yet taken.
@@ -290,14 +296,37 @@ class LlamaTarget(FreedWithObject):
     # --- decoding ------------------------------------------------------------------------------
 
     def start(self, tokens: list[int]) -> None:
-        """Clear the KV cache and prefill ``tokens[:-1]``; ``tokens[-1]`` becomes the anchor."""
+        """Prefill ``tokens[:-1]``; ``tokens[-1]`` becomes the anchor.
+
+        With ``reuse_prefix``, the cells of the longest common prefix of the committed tokens and
+        ``tokens[:-1]`` stay (as llama-server's prompt cache and llama-cpp-python's ``Llama`` do)
+        and only the rest is prefilled: a conversation's next turn pays for its new text only.
+        Kept cells were computed by verifies and prefills of other shapes, so a greedy reply can
+        differ from a fresh prefill's at near ties (paper 3.5), never elsewhere. Not on a recurrent
+        model (its state cannot be cut back to a prefix) nor with a DSpark drafter reading the
+        prefill's hidden states (it needs them all); there the cache is cleared."""
         if not 0 < len(tokens) < self.n_ctx:
             raise ValueError(f"cannot start with {len(tokens)} tokens in a context of {self.n_ctx}")
-        L.llama_memory_clear(self.mem, True)
-        self.n_past = 0
-        self._synced = [0] * self.n_seq
-        self._hidden_pending = []
         body = tokens[:-1]
+        keep = 0
+        if self.reuse_prefix and not self.model.recurrent and not self._hidden_ids:
+            for a, b in zip(self._kv, body):
+                if a != b:
+                    break
+                keep += 1
+        if keep:
+            L.llama_memory_seq_rm(self.mem, 0, keep, -1)
+            for s in range(1, self.n_seq):  # a leaf sequence holds a prefix of sequence 0's cells
+                if self._synced[s] > keep:
+                    L.llama_memory_seq_rm(self.mem, s, keep, -1)
+                    self._synced[s] = keep
+        else:
+            L.llama_memory_clear(self.mem, True)
+            self._synced = [0] * self.n_seq
+        self.n_past = self.reused = keep
+        self._kv = body[:keep]
+        self._hidden_pending = []
+        body = body[keep:]
         for i in range(0, len(body), self._cap):
             chunk = body[i : i + self._cap]
             n = len(chunk)
@@ -312,6 +341,7 @@ class LlamaTarget(FreedWithObject):
             if self._hidden_ids:
                 self._hidden_pending.append((self.n_past, self._read_hidden(n)))
             self.n_past += n
+        self._kv += body
         self.anchor = tokens[-1]
 
     def _decode(self) -> None:
@@ -384,6 +414,8 @@ class LlamaTarget(FreedWithObject):
             self._drop_leaves(lay.n_leaves, p0)
         if self._hidden_ids:
             self._hidden_pending.append((p0, self._verify_hidden[[0, *keep_rows]]))
+        self._kv.append(self.anchor)
+        self._kv += [lay.token[r] for r in keep_rows]
         self.n_past = end
         self.anchor = next_anchor
         return (time.perf_counter() - t0) * 1e3

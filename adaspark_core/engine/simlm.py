@@ -75,8 +75,9 @@ class SimModel:
             b = ALPHABET[(h + 1) % len(ALPHABET)]
         return b + BYTE0
 
-    def target(self, n_ctx: int | None = None, threads: int | None = None, seed: int = 0) -> "SimLMTarget":
-        return SimLMTarget(self, n_ctx or N_CTX, seed)
+    def target(self, n_ctx: int | None = None, threads: int | None = None, reuse_prefix: bool = False,
+               seed: int = 0) -> "SimLMTarget":
+        return SimLMTarget(self, n_ctx or N_CTX, seed)  # no prefill is simulated: nothing to reuse
 
     def close(self) -> None:
         pass
@@ -87,6 +88,7 @@ class SimLMTarget:
 
     supports_trees = True
     supports_chains = True
+    reused = 0  # prompt tokens taken from the cache (engine/llama.py): none, no prefill is simulated
 
     def __init__(self, model: SimModel, n_ctx: int, seed: int = 0):
         self.model = model
