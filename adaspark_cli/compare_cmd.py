@@ -49,6 +49,7 @@ def compare(
     resamples: int = typer.Option(2000, "--resamples", min=100, help="Bootstrap resamples (seeded)."),
     warm: int = typer.Option(0, "--warm", min=0, help="Run the learning arms (adaspark, cost, pinned:N) over the whole workload K times, untimed, before measuring: a warm store (0: cold)."),
     logs: Optional[Path] = typer.Option(None, "--logs", help="Folder for one round log per AdaSpark arm (adaspark.jsonl, chain_3.jsonl, ...; warm passes in warm-<arm>.jsonl), for adaspark replay."),
+    reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix", help="Prefill only what follows the KV the last reply left (the AdaSpark arms; decode speed is timed after the prefill either way)."),
 ) -> None:
     """Run several arms over the same conversations, each carrying its own replies as history, and
     report decode speed over ar per source, overall and by context band with 95% bootstrap
@@ -61,13 +62,13 @@ def compare(
             raise InputError(f"--logs wants a folder: {logs} is a file")
         if out is not None:  # found unwritable now, not after the whole run
             landing(out / RESULTS)
-        with Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k)) as rt:
+        with Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k, reuse_prefix)) as rt:
             names, replies = _run(rt, arms, convs, max_tokens, repeat, warm, logs)
             summary = summarize(replies, names, baseline="ar", resamples=resamples, band_by="midpoint")
             if out is not None:
                 write_results(out, replies, summary, rt.model, rt.drafter, names,
                               {"max_tokens": max_tokens, "subset": subset, "repeat": repeat, "n_ctx": rt.target.n_ctx,
-                               "warm": warm, "logs": str(logs) if logs is not None else None,
+                               "warm": warm, "logs": str(logs) if logs is not None else None, "reuse_prefix": reuse_prefix,
                                "sets": [str(s) for s in sets or []] or ["../shared/testset"]})
                 png = out / "ratios.png"
                 skipped = missing()  # matplotlib is an optional extra: without it, a note instead of the figure
