@@ -338,6 +338,51 @@ def quant(
 
 
 @app.command()
+def ttft(
+    arm: str = typer.Option("chain:3", "--arm"),
+    reps: int = typer.Option(3, "--reps", min=1),
+    max_tokens: int = typer.Option(48, "--max-tokens", "-n", min=1),
+    model: Optional[Path] = typer.Option(None, "--model"),
+) -> None:
+    """Time to first token (prefill and first round) of a 4-turn conversation over rewrite.txt,
+    with and without prompt-prefix reuse: two targets of one model, the arms interleaved turn by
+    turn, their order alternating; every reply fed back as history, each arm its own."""
+    lm = LlamaModel(model or default_model())
+    questions = [(PROMPTS / "rewrite.txt").read_text(), "Now make it shorter.", "Give it a title.",
+                 "Translate the title to French."]
+    seen: dict[tuple[bool, int], list] = {}
+    for rep in range(reps):
+        targets = {reuse: LlamaTarget(lm, n_ctx=4096, reuse_prefix=reuse) for reuse in (False, True)}
+        history: dict[bool, list[dict]] = {False: [], True: []}
+        for turn, question in enumerate(questions):
+            for reuse in ((True, False) if (rep + turn) % 2 == 0 else (False, True)):
+                history[reuse].append({"role": "user", "content": question})
+                prompt = lm.chat_prompt(history[reuse])
+                gen = Generation(targets[reuse], prompt, parse_arm(arm), max_tokens)
+                rounds = iter(gen)
+                t0 = time.perf_counter()
+                next(rounds)
+                ms = (time.perf_counter() - t0) * 1e3
+                for _ in rounds:
+                    pass
+                seen.setdefault((reuse, turn), []).append((len(prompt), targets[reuse].reused, ms))
+                reply = b"".join(map(lm.piece, gen.tokens)).decode("utf-8", "replace")
+                history[reuse].append({"role": "assistant", "content": reply})
+        for t in targets.values():
+            t.close()
+    table = []
+    for turn in range(len(questions)):
+        fresh, kept = ([ms for *_, ms in seen[(reuse, turn)]] for reuse in (False, True))
+        table.append([turn + 1, seen[(False, turn)][0][0], seen[(True, turn)][0][1],
+                      f"{statistics.median(fresh):.0f} ({min(fresh):.0f}-{max(fresh):.0f})",
+                      f"{statistics.median(kept):.0f} ({min(kept):.0f}-{max(kept):.0f})",
+                      f"{statistics.median(fresh) / statistics.median(kept):.1f}x"])
+    print(f"model {lm.path.name}, arm {arm}, {reps} interleaved repetitions: time to first token, ms median (range)")
+    print(tabulate(table, headers=["turn", "prompt tokens", "reused", "fresh prefill", "prefix reuse", "speed-up"],
+                   disable_numparse=True))
+
+
+@app.command()
 def host(
     widths: str = typer.Option("1,2,4,8,16,32,64", "--widths"),
     reps: int = typer.Option(50, "--reps"),

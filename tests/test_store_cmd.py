@@ -7,8 +7,6 @@ real CLI. Expected values come from the learners, never from numbers copied out 
 """
 
 import math
-import subprocess
-import sys
 
 import numpy as np
 import orjson
@@ -22,27 +20,14 @@ from adaspark_core.fingerprint import fingerprint, fingerprint_key
 from adaspark_core.store import Store, default_store_path
 
 from conftest import PROMPTS
+from test_cli import adaspark, assert_one_error_line
 
 FIXTURE_LOG = PROMPTS.parent / "logs" / "rounds.jsonl"
-
-
-def adaspark(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "adaspark_cli.main", *map(str, args)],
-                          input=stdin, capture_output=True, text=True, timeout=300)
 
 
 def ok(res):
     assert res.returncode == 0, res.stderr
     return res
-
-
-def assert_one_error_line(res, *words):
-    assert res.returncode == 2, (res.stdout, res.stderr)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("adaspark: error: "), res.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
-    assert res.stdout == ""
 
 
 @pytest.fixture(autouse=True)
