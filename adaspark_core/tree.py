@@ -33,7 +33,7 @@ class Candidate:
     parent: int  # index of the parent candidate in the round's list, or ANCHOR
     source: str  # PICK, SIBLING or NGRAM
     depth: int  # 1 for a child of the anchor
-    q: float = 0.0  # P(accepted | parent accepted), set by the acceptance model
+    q: float = 0.0  # P(accepted | parent accepted): a round sets it on the record's dicts (decide_round)
     h: float | None = None  # drafter confidence head at this position
     share: float | None = None  # sigma for a pick, r (share of the siblings' total) for a sibling
     sigma: float | None = None  # the position's pick share sigma (a pick's own share; a sibling's pick's)
