@@ -1,5 +1,6 @@
 """The ``adaspark`` command line: the Typer app and its commands, and the console entry point.
-Each command lives in its own module and imports only adaspark_cli.console and the core; this
+Each command lives in its own module and imports only adaspark_cli.console and the core (``serve``
+imports its HTTP stack, an optional extra, when it runs); this
 module imports them all and registers them, so nothing imports back from here."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from adaspark_cli.decode_cmd import decode
 from adaspark_cli.profile_cmd import profile
 from adaspark_cli.replay_cmd import replay
 from adaspark_cli.serve_cmd import serve_stdin
+from adaspark_cli.serve_http import serve
 from adaspark_cli.store_cmd import inspect_store, store_app
 
 app = typer.Typer(
@@ -31,6 +33,7 @@ def _main() -> None:
 app.command("decode")(decode)
 app.command("replay")(replay)
 app.command("serve-stdin")(serve_stdin)
+app.command("serve")(serve)
 app.command("profile")(profile)
 app.command("compare")(compare)
 app.command("simulate")(simulate)

@@ -26,9 +26,10 @@ import typer
 
 from adaspark_cli import console
 from adaspark_cli.console import reported
-from adaspark_core.errors import InputError, OutputError
+from adaspark_core.errors import InputError
 from adaspark_core.record import LogWriteError
 from adaspark_core.runtime import EngineOptions, Runtime
+from adaspark_core.service import keep, serve_request
 from adaspark_core.serving import RequestError, parse_request
 
 
@@ -124,37 +125,28 @@ class Server:
         rt = self.rt
         try:
             prompt = rt.tokens(req.prompt) if req.prompt is not None else rt.chat(req.messages)
-            gen = rt.generation(prompt, req.max_tokens, request_id=req.name)
+            on_text = (lambda text: console.write_json({"id": req.id, "delta": text})) if req.stream else None
+            reply = serve_request(rt, prompt, req.max_tokens, req.name, on_text=on_text, cancelled=stop,
+                                  on_warning=_warn)
         except InputError as e:
             raise RequestError(str(e), req.id) from None
-        on_text = (lambda text: console.write_json({"id": req.id, "delta": text})) if req.stream else None
-        try:
-            text = rt.run(gen, on_text=on_text, stop=stop)
         except LogWriteError as e:
-            # The round log could not take a round (a full disk): the request ends with an
-            # error, what the learners took from its rounds is saved, and the next request
-            # tries the log again.
-            raise RequestError(f"{e}; the reply was cut after {gen.stats.generated} tokens", req.id) from None
-        finally:
-            if gen.stats.rounds:
-                self._keep(gen.stats.rounds)
+            # The round log could not take a round (a full disk): the request ends with an error,
+            # what the learners took from its rounds is saved, and the next request tries again.
+            raise RequestError(f"{e}; the reply was cut short", req.id) from None
         self.served += 1
-        console.write_json({"id": req.id, "done": True, "text": text, "finish": gen.finish or "interrupted",
-                            "prompt_tokens": len(prompt), "prompt_reused": rt.target.reused,
-                            "stats": gen.stats.to_json()})
-
-    def _keep(self, rounds: int, requests: int = 1) -> None:
-        """Save the learned state; a store that cannot be written (a full disk) is said on
-        stderr and the server goes on, the learning kept in memory for the next save."""
-        try:
-            self.rt.save(rounds, requests=requests)
-        except OutputError as e:
-            typer.echo(f"adaspark: warning: {e}", err=True)
+        console.write_json({"id": req.id, "done": True, "text": reply.text, "finish": reply.finish,
+                            "prompt_tokens": reply.prompt_tokens, "prompt_reused": reply.prompt_reused,
+                            "stats": reply.stats.to_json()})
 
     def close(self) -> None:
         """Save the learned state (a request's is saved when it ends; this covers a run with none),
         then release the store, the log and the engine."""
         try:
-            self._keep(0, requests=0)
+            keep(self.rt, 0, 0, _warn)
         finally:
             self.rt.close()
+
+
+def _warn(message: str) -> None:
+    typer.echo(f"adaspark: warning: {message}", err=True)

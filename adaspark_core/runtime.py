@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import Callable
 
 from .engine import simlm
+from .engine.base import Sampling
 from .errors import InputError
 from .fingerprint import fingerprint
 from .learned import Learners
 from .record import RoundLog
 from .scheduler import Arm, Generation, parse_arm
 from .store import Store, default_store_path
+
+AR = parse_arm("ar")  # the arm of a sampled request
 
 
 @dataclass(frozen=True)
@@ -106,12 +109,18 @@ class Runtime:
         """Messages through the model's chat template, ready for the assistant's reply."""
         return self.model.chat_prompt(messages)
 
-    def generation(self, prompt: list[int], max_tokens: int, request_id: str = "r0") -> Generation:
+    def generation(self, prompt: list[int], max_tokens: int, request_id: str = "r0",
+                   sampling: Sampling | None = None) -> Generation:
         """One request on the runtime's arm, learners, drafter and log. A simulated target brings
-        its virtual clock; a real one is timed on the wall clock."""
+        its virtual clock; a real one is timed on the wall clock. A sampled request (``sampling``)
+        decodes at width 1 with the target's sampler, outside the arm, the learners and the log
+        (speculation is greedy only; see scheduler.Generation)."""
+        clock = getattr(self.target, "clock", time.perf_counter)
+        if sampling is not None:
+            return Generation(self.target, prompt, AR, max_tokens, request_id=request_id, clock=clock,
+                              sampling=sampling)
         return Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id, log=self.log,
-                          clock=getattr(self.target, "clock", time.perf_counter), drafter=self.drafter,
-                          learners=self.learners)
+                          clock=clock, drafter=self.drafter, learners=self.learners)
 
     def run(self, gen: Generation, on_text: Callable[[str], None] | None = None,
             stop: Callable[[], bool] | None = None) -> str:

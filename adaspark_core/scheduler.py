@@ -23,7 +23,7 @@ from . import tree
 from . import ngram
 from .acceptance import HEAD, head_q
 from .learned import Learners
-from .engine.base import Drafter, Target
+from .engine.base import Drafter, Sampling, Target
 from .errors import InputError
 from .ngram import SuffixIndex
 from .record import RoundLog, RoundRecord, Timing
@@ -275,7 +275,9 @@ class Stats:
 
 
 class Generation:
-    """One request decoded greedily round by round. Iterate it for the emitted tokens of each
+    """One request decoded round by round, greedily (or, with ``sampling``, at width 1 by the
+    target's own sampler: speculation is greedy only; sampled rounds are neither learned from nor
+    logged, since replay and the audit re-derive every token as the verify row's argmax). Iterate it for the emitted tokens of each
     round (an empty list for a round that emitted nothing new, e.g. only the end token); after
     the loop ``finish``, ``stats`` and ``tokens`` describe the reply. Every round builds its
     RoundRecord (``last_record``), which the log and, later, the online learners consume."""
@@ -291,7 +293,10 @@ class Generation:
         clock: Callable[[], float] = time.perf_counter,
         drafter: Drafter | None = None,
         learners: Learners | None = None,
+        sampling: Sampling | None = None,
     ):
+        if sampling is not None and (arm.max_width > 1 or arm.learns or log is not None):
+            raise InputError(f"a sampled request decodes at width 1, unlogged: arm ar and no log, not {arm.name}")
         if arm.needs_tree and not target.supports_trees:
             raise InputError(f"arm {arm.name} needs tree verification, which recurrent/hybrid models cannot do; use chain:N or ar")
         if arm.max_width > 1 and not target.supports_chains:
@@ -312,6 +317,8 @@ class Generation:
         self.clock = clock
         self.prompt = list(prompt)
         self.drafter = drafter
+        self.sampling = sampling
+        self._sampler = None
         self.index = SuffixIndex() if arm.uses_ngram else None
         # The learners persist across requests: pass the same ones to every request.
         if learners is None and arm.learns:
@@ -333,6 +340,8 @@ class Generation:
             self.drafter.start(self.prompt)
         if self.learners is not None:
             self.learners.start_request()
+        if self.sampling is not None:
+            self._sampler = target.sampler(self.sampling)
         rnd = 0
         try:
             while self.finish is None:
@@ -348,6 +357,9 @@ class Generation:
             if self._unsettled is not None:
                 rec, self._unsettled = self._unsettled, None
                 self._learn_and_log(rec)
+            if self._sampler is not None:
+                self._sampler.close()
+                self._sampler = None
 
     @property
     def last_width(self) -> int:
@@ -374,6 +386,8 @@ class Generation:
         t1 = self.clock()
         ver = target.verify(lay)
         path_rows, bonus = tree.accept_walk(lay, ver.argmax)
+        if self._sampler is not None:  # width 1: no path, the next token is drawn from row 0
+            bonus = self._sampler.sample(0)
         accepted = [lay.token[r] for r in path_rows] + [bonus]
         budget = self.max_tokens - len(self.tokens)
         n_commit, finish = stop_cut(accepted, target.is_eog, budget)

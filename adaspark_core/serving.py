@@ -18,6 +18,7 @@ import orjson
 
 FIELDS = ("id", "prompt", "messages", "max_tokens", "stream")
 ROLES = ("system", "user", "assistant", "tool")
+ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
 MAX_ID_CHARS = 200
 
 
@@ -69,7 +70,10 @@ def parse_request(line: bytes | str, default_max_tokens: int, number: int) -> Re
     if prompt is not None and not (isinstance(prompt, str) and prompt.strip()):
         raise RequestError("prompt must be non-empty text", rid)
     if messages is not None:
-        _check_messages(messages, rid)
+        try:
+            messages = normalize_messages(messages)
+        except ValueError as e:
+            raise RequestError(str(e), rid) from None
     max_tokens = obj.get("max_tokens", default_max_tokens)
     if not _is_int(max_tokens) or max_tokens < 1:
         raise RequestError("max_tokens must be a positive integer", rid)
@@ -79,13 +83,31 @@ def parse_request(line: bytes | str, default_max_tokens: int, number: int) -> Re
     return Request(rid, prompt, messages, max_tokens, stream)
 
 
-def _check_messages(messages, rid) -> None:
+def normalize_messages(messages) -> list[dict]:
+    """Chat messages as the chat template takes them: {role, content[, name]} with text content.
+    Content may also be a list of text parts ({"type": "text", "text": ...}), as OpenAI's API
+    sends it; they are joined. ValueError naming the first thing wrong."""
     if not isinstance(messages, list) or not messages:
-        raise RequestError("messages must be a non-empty list", rid)
+        raise ValueError("messages must be a non-empty list")
+    out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or set(m) - {"role", "content", "name"}:
-            raise RequestError(f"message {i} must be an object with role and content", rid)
-        if m.get("role") not in ROLES:
-            raise RequestError(f"message {i}: role must be one of {', '.join(ROLES)}", rid)
-        if not isinstance(m.get("content"), str):
-            raise RequestError(f"message {i}: content must be text", rid)
+        if not isinstance(m, dict):
+            raise ValueError(f"message {i} must be an object with role and content")
+        extra = sorted(set(m) - {"role", "content", "name"})
+        if extra:
+            raise ValueError(f"message {i}: field {extra[0]} is not supported (a message has role, content, name)")
+        role = m.get("role")
+        role = ALIASES.get(role, role) if isinstance(role, str) else role
+        if role not in ROLES:
+            raise ValueError(f"message {i}: role must be one of {', '.join(ROLES + tuple(ALIASES))}")
+        content = m.get("content")
+        if isinstance(content, list) and content and all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) and len(p) == 2
+                for p in content):
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise ValueError(f"message {i}: content must be text or a list of text parts")
+        if "name" in m and not isinstance(m["name"], str):
+            raise ValueError(f"message {i}: name must be text")
+        out.append({**m, "role": role, "content": content})
+    return out

@@ -18,6 +18,35 @@ class Verified:
     host_ms: float  # the engine's own Python/KV work inside the verify (verify_ms - decode_ms)
 
 
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """A sampled request's settings, applied as llama.cpp's sampler chain applies them: top-k,
+    top-p, min-p, then temperature, then a draw seeded by ``seed`` (None: a random seed)."""
+
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    seed: int | None = None
+
+    def describe(self) -> str:
+        parts = [f"temperature {self.temperature:g}"]
+        if self.top_k:
+            parts.append(f"top_k {self.top_k}")
+        if self.top_p < 1:
+            parts.append(f"top_p {self.top_p:g}")
+        if self.min_p > 0:
+            parts.append(f"min_p {self.min_p:g}")
+        return ", ".join(parts)
+
+
+class Sampler(Protocol):
+    def sample(self, row: int) -> int:
+        """A token drawn from the last verify's row ``row``."""
+
+    def close(self) -> None: ...
+
+
 class Target(Protocol):
     n_ctx: int
     n_vocab: int
@@ -42,6 +71,9 @@ class Target(Protocol):
     def commit(self, lay: Layout, keep_rows: list[int], next_anchor: int) -> float:
         """Keep the anchor and ``keep_rows`` (a path from it) in the KV cache, drop every other
         row, and make ``next_anchor`` the new anchor. Returns the milliseconds it took."""
+
+    def sampler(self, sampling: Sampling) -> Sampler:
+        """A sampler drawing from this target's verify rows (a sampled request decodes at width 1)."""
 
 
 class Drafter(Protocol):

@@ -1,0 +1,286 @@
+"""The HTTP side of ``adaspark serve`` (the ``adaspark[server]`` extra): a FastAPI app on uvicorn
+in front of one decoding thread.
+
+One decode at a time on the one model: the worker thread owns the Runtime (model, learners,
+store, log) and nothing else touches it; requests wait in a queue of ``queue_size``, and one
+that finds it full gets 503. Each request's events (text pieces, then the reply or an error)
+cross to the event loop through an asyncio queue. A client that goes away (a closed stream, a
+dropped connection) marks its job cancelled: a waiting job is skipped, a running one ends at the
+next round, its learning kept. SIGINT/SIGTERM: running replies end after their current round
+with finish_reason "interrupted", waiting ones get 503, the store is saved, and the process exits
+128 + the signal's number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import orjson
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from sse_starlette.sse import AppStatus, EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from adaspark_core import openai_api as api
+from adaspark_core.errors import InputError
+from adaspark_core.record import LogWriteError
+from adaspark_core.runtime import Runtime
+from adaspark_core.service import keep, serve_request
+
+DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
+
+
+@dataclass(eq=False)
+class Job:
+    """One request between the event loop and the decoding thread."""
+
+    req: api.CompletionRequest
+    name: str  # the response's id, and the request's name in the round log
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: bool = False  # the client went away
+
+    def emit(self, kind: str, value) -> None:
+        """From the decoding thread: an event for the request's handler."""
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+
+class Decoder:
+    """The decoding thread and its bounded queue."""
+
+    def __init__(self, rt: Runtime, queue_size: int, warn):
+        self.rt = rt
+        self.queue_size = queue_size
+        self.warn = warn
+        self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.pending = 0  # jobs queued or running
+        self.served = 0
+        self.stopping = False
+        self.thread = threading.Thread(target=self._work, name="adaspark-decoder", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        with self.lock:
+            if self.stopping:
+                raise api.APIError(503, "the server is shutting down", "server_error", code="shutting_down")
+            if self.pending > self.queue_size:
+                raise api.APIError(503, f"the server is busy: one request decoding and {self.queue_size} waiting; "
+                                        "retry later", "server_error", code="queue_full")
+            self.pending += 1
+        self.jobs.put(job)
+
+    @property
+    def queued(self) -> int:
+        return max(0, self.pending - 1)
+
+    def stop(self) -> None:
+        """Shutdown: the running reply ends after its round, waiting ones are refused."""
+        with self.lock:
+            self.stopping = True
+
+    def close(self) -> None:
+        """After the HTTP server stopped: end the thread, save the learned state, free the model."""
+        self.stop()
+        self.jobs.put(None)
+        self.thread.join()
+        try:
+            keep(self.rt, 0, 0, self.warn)
+        finally:
+            self.rt.close()
+
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            try:
+                if self.stopping:
+                    job.emit("error", api.APIError(503, "the server is shutting down", "server_error",
+                                                   code="shutting_down"))
+                elif not job.cancelled:
+                    job.emit("done", self._decode(job))
+                    self.served += 1
+            except api.APIError as e:
+                job.emit("error", e)
+            except Exception as e:  # a bug: answer 500 and keep serving; the trace goes to stderr
+                traceback.print_exc()
+                job.emit("error", api.APIError(500, f"internal error: {type(e).__name__}: {e}", "server_error"))
+            finally:
+                with self.lock:
+                    self.pending -= 1
+
+    def _decode(self, job: Job) -> api.Reply:
+        rt, req = self.rt, job.req
+        try:
+            if req.chat:
+                prompt = rt.chat(req.messages)
+            else:
+                prompt = list(req.prompt) if isinstance(req.prompt, list) else rt.tokens(req.prompt)
+            n_ctx = rt.target.n_ctx
+            if len(prompt) >= n_ctx:
+                raise api.APIError(400, f"the prompt has {len(prompt)} tokens; the context holds {n_ctx} "
+                                        "(start the server with a larger --n-ctx)",
+                                   param="messages" if req.chat else "prompt", code="context_length_exceeded")
+            if not req.chat and isinstance(req.prompt, list) and max(prompt) >= rt.target.n_vocab:
+                raise api.bad("prompt", f"token id {max(prompt)} is outside the vocabulary ({rt.target.n_vocab})")
+            return serve_request(
+                rt, prompt, req.max_tokens or n_ctx, name=job.name, stops=req.stops,
+                sampling=req.sampling, on_text=lambda text: job.emit("text", text),
+                cancelled=lambda: job.cancelled or self.stopping, on_warning=self.warn)
+        except InputError as e:
+            raise api.APIError(400, str(e)) from None
+        except LogWriteError as e:
+            raise api.APIError(500, f"{e}; the reply was cut short", "server_error") from None
+
+
+def _json(obj, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+def _error(e: api.APIError) -> Response:
+    return _json(e.body(), e.status)
+
+
+def make_app(decoder: Decoder, model_id: str, default_temperature: float) -> FastAPI:
+    app = FastAPI(title="adaspark", docs_url=None, redoc_url=None, openapi_url=None)
+    # sse-starlette would cut every stream the moment shutdown begins; ours end by themselves,
+    # after the current round, with finish_reason "interrupted" (Decoder.stop).
+    AppStatus.disable_automatic_graceful_drain()
+    started = int(time.time())
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        what = "route" if exc.status_code == 404 else "method" if exc.status_code == 405 else "request"
+        return _error(api.APIError(exc.status_code, f"no such {what}: {request.method} {request.url.path}",
+                                   code="not_found" if exc.status_code == 404 else None))
+
+    @app.get("/health")
+    async def health() -> Response:
+        return _json({"status": "shutting_down" if decoder.stopping else "ok", "model": model_id,
+                      "busy": decoder.pending > 0, "queued": decoder.queued, "served": decoder.served})
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return _json({"object": "list", "data": [{"id": model_id, "object": "model", "created": started,
+                                                  "owned_by": "adaspark"}]})
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await _complete(request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _complete(request, chat=False)
+
+    async def _complete(request: Request, chat: bool) -> Response:
+        env = api.Envelope.new(model_id, chat)
+        try:
+            req = api.parse(await request.body(), chat, default_temperature)
+            job = Job(req, env.id, asyncio.get_running_loop())
+            decoder.submit(job)
+        except api.APIError as e:
+            return _error(e)
+        if req.stream:
+            # The status is known when the first event comes: an error before any text is a
+            # plain error response, not a stream.
+            kind, value = await _next(job, request)
+            if kind == "error":
+                return _error(value)
+            return EventSourceResponse(_stream(job, env, kind, value), ping=15)
+        while True:  # not streamed: the text pieces are skipped, the reply comes whole with "done"
+            kind, value = await _next(job, request)
+            if kind == "error":
+                return _error(value)
+            if kind == "done":
+                return _json(env.response(value))
+
+    async def _next(job: Job, request: Request):
+        """The job's next event; a client that leaves meanwhile cancels the job (it ends at the
+        next round) and the wait ends with a 499-style error nobody reads."""
+        while True:
+            try:
+                return await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    job.cancelled = True
+                    return "error", api.APIError(499, "the client closed the request")
+
+    async def _stream(job: Job, env: api.Envelope, kind: str, value):
+        first = True
+        try:
+            while True:
+                if kind == "text":
+                    yield orjson.dumps(env.chunk(value, first)).decode()
+                    first = False
+                elif kind == "done":
+                    if first:
+                        yield orjson.dumps(env.chunk("", True)).decode()
+                    yield orjson.dumps(env.last_chunk(value)).decode()
+                    if job.req.include_usage:
+                        yield orjson.dumps(env.usage_chunk(value)).decode()
+                    yield "[DONE]"
+                    return
+                else:  # an error after the stream began: said in the stream, as OpenAI does
+                    yield orjson.dumps(value.body()).decode()
+                    return
+                kind, value = await job.events.get()
+        finally:
+            job.cancelled = True  # a client gone mid-stream: the decode ends at the next round
+
+    return app
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, with shutdown that lets the running reply end after its round. uvicorn's own
+    handler would re-raise the signal after serving (killing the process before the store is
+    saved); this one only records it."""
+
+    def __init__(self, config: uvicorn.Config, decoder: Decoder):
+        super().__init__(config)
+        self.decoder = decoder
+        self.signal: int | None = None
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self.signal is not None and sig == signal.SIGINT:
+            self.force_exit = True  # a second Ctrl-C: stop waiting for open connections
+        self.signal = sig
+        self.decoder.stop()
+        self.should_exit = True
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound and listening (port 0: a free one); InputError if it cannot be.
+    Opened before the model loads, so a port in use is found at once; a client that connects
+    while the model loads waits in the backlog."""
+    try:
+        return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                    backlog=128)
+    except OSError as e:
+        raise InputError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def run(rt: Runtime, sock: socket.socket, queue_size: int, default_temperature: float, warn) -> int:
+    """Serve on ``sock`` until a signal; returns the exit code (128 + the signal's number).
+    The runtime is closed (its learning saved) on the way out."""
+    decoder = Decoder(rt, queue_size, warn)
+    model_id = rt.model.path.name
+    app = make_app(decoder, model_id, default_temperature)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=None)
+    server = _Server(config, decoder)
+    host, port = sock.getsockname()[:2]
+    print(f"adaspark serve: listening on http://{host}:{port} ({model_id}, arm {rt.arm.name}"
+          f"{', store ' + str(rt.store.path) if rt.store else ''}; one decode at a time, {queue_size} may wait)",
+          file=sys.stderr, flush=True)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        decoder.close()
+    return 128 + server.signal if server.signal is not None else 0

@@ -1,0 +1,55 @@
+"""``adaspark serve``: an OpenAI-compatible HTTP server (POST /v1/chat/completions and
+/v1/completions, streamed or not; GET /v1/models and /health) that learns across requests and
+keeps the previous request's KV for the next one's common prefix. The HTTP stack is the
+``adaspark[server]`` extra (FastAPI, uvicorn, sse-starlette), imported only by this command.
+Request fields and defaults: adaspark_core/openai_api.py; threads and shutdown: http_app.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from adaspark_cli import console
+from adaspark_cli.console import reported
+from adaspark_core.runtime import EngineOptions, Runtime
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port to listen on (0: any free one, printed)."),
+    model: Optional[str] = console.MODEL,
+    arm: str = console.ARM,
+    drafter: str = console.DRAFTER,
+    block: Optional[int] = console.BLOCK,
+    top_k: int = console.TOP_K,
+    store: Optional[Path] = console.STORE,
+    log: Optional[Path] = console.LOG,
+    n_ctx: Optional[int] = console.N_CTX,
+    threads: Optional[int] = console.THREADS,
+    queue_size: int = typer.Option(8, "--queue", min=0, help="Requests that may wait while one decodes; the next gets 503."),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, max=2.0,
+                                      help="For requests that set none. 0: greedy, with speculation; above 0: "
+                                           "sampled at width 1 by llama.cpp's sampler."),
+    reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix",
+                                      help="Keep the last request's KV and prefill only what follows the common "
+                                           "token prefix (a conversation's next turn pays for its new text only)."),
+) -> None:
+    """Serve the model over HTTP with OpenAI's API, one decode at a time, learning while it serves.
+    Point any OpenAI client at http://HOST:PORT/v1 (any API key)."""
+    try:
+        from adaspark_cli import http_app
+    except ImportError as e:
+        console.fail(f"adaspark serve needs the server extra ({e.name} is missing): pip install 'adaspark[server]'")
+    with reported():
+        sock = http_app.listen(host, port)
+        try:
+            rt = Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k, reuse_prefix),
+                              arm=arm, store=store, log=log)
+        except BaseException:
+            sock.close()
+            raise
+        code = http_app.run(rt, sock, queue_size, temperature,
+                            warn=lambda m: typer.echo(f"adaspark: warning: {m}", err=True))
+    raise typer.Exit(code)
