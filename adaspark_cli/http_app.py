@@ -50,8 +50,12 @@ class Job:
     cancelled: bool = False  # the client went away
 
     def emit(self, kind: str, value) -> None:
-        """From the decoding thread: an event for the request's handler."""
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        """From the decoding thread: an event for the request's handler. After a forced exit
+        (a second Ctrl-C) the event loop is gone: nobody is listening, so the job is dropped."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        except RuntimeError:  # the loop is closed
+            self.cancelled = True
 
 
 class Decoder:
