@@ -48,6 +48,9 @@ def replay_tables(r: dict) -> str:
         ["acceptance rate, drafter-only nodes", _pct(rate["drafter"])],
         ["acceptance rate, nodes both proposed", _pct(rate["both"])],
         ["acceptance rate, n-gram-only nodes", _pct(rate["ngram"])],
+        ["verified rows held by n-gram memory nodes", _pct(ng["rows_share_memory"])],
+        ["accepted draft tokens from n-gram memory nodes", _pct(ng["accepted_share_memory"])],
+        ["acceptance rate, n-gram memory nodes", _pct(rate["memory"])],
         ["rounds with n-gram candidates", ng["rounds_with_ngram"]],
         ["of those, rounds the n-gram widened the verify", _pct(ng["widened_share"])],
     ], tablefmt="plain", disable_numparse=True))

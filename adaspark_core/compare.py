@@ -31,6 +31,7 @@ import orjson
 from .errors import InputError
 from .files import replace
 from .learned import Learners
+from .memory import NgramMemory
 from .record import RoundLog
 from .scheduler import Arm, Generation, parse_arm
 from .testset import Conversation, user_message
@@ -115,15 +116,17 @@ class SchedulerArm:
     """An AdaSpark arm. A learning arm has learners of its own, fresh or restored: it learns only
     from its own requests."""
 
-    def __init__(self, arm: Arm, target, drafter=None, learners: Learners | None = None):
+    def __init__(self, arm: Arm, target, drafter=None, learners: Learners | None = None,
+                 memory: NgramMemory | None = None):
         self.arm, self.target, self.drafter = arm, target, drafter
         self.name = arm.name
         self.learners = (learners or Learners()) if arm.learns else None
+        self.memory = memory  # the arm's own n-gram memory of its earlier replies
         self.log = None
 
     def answer(self, prompt: list[int], max_tokens: int, request_id: str) -> Answer:
         gen = Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id,
-                         learners=self.learners, drafter=self.drafter, log=self.log)
+                         learners=self.learners, drafter=self.drafter, log=self.log, memory=self.memory)
         st = gen.stats
         trace: list[list] = []
         for _ in gen:
@@ -174,10 +177,11 @@ class PromptLookupArm:
 
 def make_arms(specs: list[str], target, drafter, llama_factory: Callable[[], object], is_eog: Callable[[int], bool],
               learners_factory: Callable[[], Learners] = Learners, model_path=None, n_ctx: int | None = None,
-              threads: int | None = None) -> list:
+              threads: int | None = None, memory_mb: float = 0.0) -> list:
     """The arms ``specs`` name, in order; ar is always first (the baseline). A ``llama:`` arm is
     llama.cpp's own llama-server (adaspark_core/peer.py), run on ``model_path`` with ``n_ctx`` and
-    ``threads``; call ``close_arms`` when the run ends."""
+    ``threads``; call ``close_arms`` when the run ends. ``memory_mb`` > 0: each learning arm with
+    n-gram candidates keeps an n-gram memory of its own replies, of that cap (memory.py)."""
     names = [s.strip() for s in specs if s.strip()]
     if "ar" in names:
         names.remove("ar")
@@ -207,7 +211,9 @@ def make_arms(specs: list[str], target, drafter, llama_factory: Callable[[], obj
         arm = parse_arm(spec)
         if arm.picks_only and drafter is None:
             raise InputError("arm block-chain verifies a model drafter's block: give --drafter")
-        arms.append(SchedulerArm(arm, target, drafter, learners_factory() if arm.learns else None))
+        remembers = arm.learns and arm.uses_ngram and memory_mb > 0
+        arms.append(SchedulerArm(arm, target, drafter, learners_factory() if arm.learns else None,
+                                 NgramMemory(memory_mb) if remembers else None))
     return arms
 
 

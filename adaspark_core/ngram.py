@@ -32,7 +32,8 @@ ALT_CONTEXT = COPY_MIN  # the context whose other continuations become sibling c
 ALT_DEPTH = 8  # a sibling chain's most nodes: its deep nodes are seldom worth a row, and each costs pricing
 
 COPY, FOLLOW, COPY_ALT, FOLLOW_ALT = "copy", "follow", "copy-alt", "follow-alt"
-_COPY_KINDS = (COPY, COPY_ALT)
+MEMORY = "memory"  # a chain read from the n-gram memory of earlier requests (memory.py)
+_COPY_KINDS = (COPY, COPY_ALT, MEMORY)  # evidence is a match length
 _FOLLOW_KINDS = (FOLLOW, FOLLOW_ALT)
 
 
@@ -200,7 +201,7 @@ class SuffixIndex:
                 # context: a long copy's 16-gram is usually unique, so the places where a
                 # repeated phrase goes on differently would never show.
                 m = min(length, ALT_CONTEXT)
-                for f, _, last in self.followers(self._tail(extra, m)):
+                for f, _, last in self.followers(self.tail(extra, m)):
                     if f != t:
                         others.append((f, COPY_ALT, m, last + 1, m + 1))
             return t, COPY, length, p + 1, length + 1, others
@@ -208,7 +209,7 @@ class SuffixIndex:
         # weak evidence; vote among the followers of the last three tokens instead.
         if not extra and self._match < FOLLOWER_CONTEXT:
             return None  # known without a lookup (the common case while extend scores itself)
-        fol = self.followers(self._tail(extra, FOLLOWER_CONTEXT))
+        fol = self.followers(self.tail(extra, FOLLOWER_CONTEXT))
         if not fol:
             return None
         t, count, _ = fol[0]
@@ -225,7 +226,7 @@ class SuffixIndex:
             if self._match >= COPY_MIN:
                 return self._match, self._match_end
             return 0, -1
-        tail = self._tail(extra, self.max_match)
+        tail = self.tail(extra, self.max_match)
         best = (0, -1)
         # Scan upward: if the k-gram suffix is absent, so is every longer one (a longer earlier
         # occurrence contains a shorter one), so the first miss ends the search. Most contexts
@@ -237,7 +238,7 @@ class SuffixIndex:
             best = (k, e)
         return best
 
-    def _tail(self, extra: list[int], m: int) -> tuple[int, ...]:
+    def tail(self, extra: list[int], m: int) -> tuple[int, ...]:
         """The last m tokens of H (fewer if H is shorter), without copying the committed text."""
         x = len(extra)
         if x >= m:
@@ -251,7 +252,7 @@ class SuffixIndex:
         return (self._match_end, self._match) if self._match else (-1, 0)
 
 
-def fill(cands: list[Candidate], index: SuffixIndex, depth_limit: int, max_alts: int = 3) -> None:
+def fill(cands: list[Candidate], index: SuffixIndex, depth_limit: int, max_alts: int = 3, memory=None) -> None:
     """Append the n-gram candidates of one round to ``cands`` in place (paper 3.3).
 
     ``cands`` holds the drafter's candidates (or nothing), parents before children. Chains start
@@ -263,6 +264,12 @@ def fill(cands: list[Candidate], index: SuffixIndex, depth_limit: int, max_alts:
       Otherwise an n-gram node is appended.
     - every other drafter child of P is marked contradicted with the proposal's features (unless
       agreed: agreement wins, and the first proposal to mark a candidate keeps it).
+
+    Where the request's own text offers no copy (nothing, or only a follower vote), a chain asks
+    the n-gram ``memory`` of earlier requests (memory.py, beyond the paper): a match of at least
+    GRAM tokens there starts a run of ``memory`` nodes, read on along the memory (evidence: the
+    match length, one more per step) until its document ends. A copy from the request's own text
+    wins over the memory: it is the same conversation.
 
     Chains stop when the next node would be deeper than ``depth_limit`` or nothing is proposed.
     The alternatives met along the main chains (shallowest first, the anchor chain first at equal
@@ -291,12 +298,25 @@ def fill(cands: list[Candidate], index: SuffixIndex, depth_limit: int, max_alts:
         """Follow one chain from ``parent``; ``chain_no`` None: an alternative chain."""
         depth = 0 if parent == ANCHOR else cands[parent].depth
         limit = depth_limit if chain_no is not None else min(depth_limit, depth + ALT_DEPTH - 1)
+        mp, mlen = -1, 0  # reading the memory: the position of the last token read, the match length
         while depth < limit:
-            key = (depth + 1, chain_no)
-            want = chain_no is not None and max_alts > 0 and (
-                len(found) < max_alts or key < found[-1][:2]
-            )
-            prop = index.step(extra, p, length, alts=want)
+            if mp >= 0:
+                t = memory.read_on(mp)
+                if t is None:
+                    return
+                mp, mlen = mp + 1, mlen + 1
+                prop = (t, MEMORY, mlen, -1, 0, ())
+            else:
+                key = (depth + 1, chain_no)
+                want = chain_no is not None and max_alts > 0 and (
+                    len(found) < max_alts or key < found[-1][:2]
+                )
+                prop = index.step(extra, p, length, alts=want)
+                if memory is not None and (prop is None or prop[1] in _FOLLOW_KINDS):
+                    hit = memory.lookup(index.tail(extra, MAX_MATCH))
+                    if hit is not None:
+                        t, mlen, mp = hit
+                        prop = (t, MEMORY, mlen, -1, 0, ())
             if prop is None:
                 return
             t, kind, ev, p, length, others = prop

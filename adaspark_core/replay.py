@@ -17,7 +17,8 @@ The report is computed on the way, from what replay observes:
 - Figure 10 (calibration): over the rounds whose width the chooser set from S, realised accepted
   nodes over the expected S at the chosen width, overall and in ten equal-count bins of S.
 - Table 7 (what the n-gram fill adds): verified rows and accepted draft tokens by source
-  (drafter-only, both sources, n-gram-only), acceptance rates by source, the rounds with n-gram
+  (drafter-only, both sources, n-gram-only from the request's own text, n-gram memory of earlier
+  requests), acceptance rates by source, the rounds with n-gram
   candidates and those whose verify the n-gram widened (the chooser takes a wider width than it
   does with the n-gram candidates priced at zero).
 """
@@ -34,6 +35,7 @@ from . import tree
 from .acceptance import FITTED
 from .chooser import expected_sums
 from .learned import Learners
+from .ngram import MEMORY
 from .record import RoundRecord
 from .scheduler import Arm, RoundDecision, decide_round, parse_arm
 from .tree import NGRAM
@@ -61,8 +63,8 @@ class RequestStats:
 class Report:
     requests: list[RequestStats] = field(default_factory=list)
     calibration: list[tuple[float, int]] = field(default_factory=list)  # (S at the width, accepted)
-    rows: dict[str, int] = field(default_factory=lambda: {"drafter": 0, "both": 0, "ngram": 0})
-    accepted: dict[str, int] = field(default_factory=lambda: {"drafter": 0, "both": 0, "ngram": 0})
+    rows: dict[str, int] = field(default_factory=lambda: dict.fromkeys(NODE_CLASSES, 0))
+    accepted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(NODE_CLASSES, 0))
     ngram_rounds: int = 0
     widened: int = 0
     # (request, round) -> the chooser's own argmax without the margin, on its state before the
@@ -121,6 +123,8 @@ class Report:
             "rows_share_ngram": _per(rows["ngram"], total_rows),
             "accepted_share_ngram": _per(acc["ngram"], total_acc),
             "accepted_share_both": _per(acc["both"], total_acc),
+            "rows_share_memory": _per(rows["memory"], total_rows),
+            "accepted_share_memory": _per(acc["memory"], total_acc),
             "acceptance_rate": {k: _per(acc[k], rows[k]) for k in rows},
             "rounds_with_ngram": self.ngram_rounds,
             "rounds_widened": self.widened,
@@ -137,9 +141,14 @@ def _change(r: RequestStats) -> float | None:
     return 1.0 - r.fitted_loss / r.head_loss if r.nodes and r.head_loss > 0 else None
 
 
+NODE_CLASSES = ("drafter", "both", "ngram", "memory")
+
+
 def node_class(c: dict) -> str:
+    """Table 7's class of a node: a drafter's alone, one both sources proposed, an n-gram node
+    from the request's own text, or one from the n-gram memory of earlier requests."""
     if c["source"] == NGRAM:
-        return "ngram"
+        return "memory" if c["kind"] == MEMORY else "ngram"
     return "both" if c["agreed"] else "drafter"
 
 

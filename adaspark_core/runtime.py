@@ -21,8 +21,10 @@ from typing import Callable
 from .engine import simlm
 from .engine.base import Sampling
 from .errors import InputError
-from .fingerprint import fingerprint
+from . import memory
+from .fingerprint import fingerprint, fingerprint_key
 from .learned import Learners
+from .memory import DEFAULT_CAP_MB, NgramMemory
 from .record import RoundLog
 from .scheduler import Arm, Generation, parse_arm
 from .store import Store, default_store_path
@@ -75,14 +77,16 @@ class Runtime:
         self.model, self.target, self.drafter, self.arm = model, target, drafter, arm
         self.store, self.learners, self.log = store, learners, log
         self.threads = threads
+        self.memory: NgramMemory | None = None  # kept beside the store (memory.py)
 
     @classmethod
     def open(cls, opts: EngineOptions, arm: str | Arm | None = None, store: Path | None = None,
-             log: Path | None = None, model=None) -> "Runtime":
+             log: Path | None = None, model=None, memory_mb: float = DEFAULT_CAP_MB) -> "Runtime":
         """Everything the options name, opened in the order that finds bad input soonest: the arm,
         the model (``model`` if already loaded), its target, the drafter, the store (learning arms
-        only: it is keyed by the model, the drafter and the machine), the log. What was opened
-        before an error is closed again."""
+        only: it is keyed by the model, the drafter and the machine) with its n-gram memory (arms
+        with n-gram candidates, ``memory_mb`` > 0: its cap), the log. What was opened before an
+        error is closed again."""
         the_arm = parse_arm(arm) if isinstance(arm, str) else arm
         rt = cls(None, None, None, the_arm, None, None, None, opts.threads)
         try:
@@ -93,6 +97,8 @@ class Runtime:
                 fp = fingerprint(rt.model.path, rt.drafter.model.path if rt.drafter is not None else None)
                 rt.store = Store.open(store or default_store_path(fp), fp)
                 rt.learners = Learners.from_store(rt.store)
+                if the_arm.uses_ngram and memory_mb > 0:
+                    rt.memory = memory.load(rt.store.path, fingerprint_key(fp), memory_mb)
             rt.log = RoundLog(log) if log is not None else None
         except BaseException:
             rt.close()
@@ -120,7 +126,7 @@ class Runtime:
             return Generation(self.target, prompt, AR, max_tokens, request_id=request_id, clock=clock,
                               sampling=sampling)
         return Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id, log=self.log,
-                          clock=clock, drafter=self.drafter, learners=self.learners)
+                          clock=clock, drafter=self.drafter, learners=self.learners, memory=self.memory)
 
     def run(self, gen: Generation, on_text: Callable[[str], None] | None = None,
             stop: Callable[[], bool] | None = None) -> str:
@@ -154,6 +160,8 @@ class Runtime:
         self.learners.to_store(self.store)
         self.store.bump(requests=requests, rounds=rounds)
         self.store.save()
+        if self.memory is not None:
+            memory.save(self.memory, self.store.path, fingerprint_key(self.store.fingerprint))
 
     # --- the end --------------------------------------------------------------------------------
 

@@ -25,7 +25,8 @@ from .acceptance import HEAD, head_q
 from .learned import Learners
 from .engine.base import Drafter, Sampling, Target
 from .errors import InputError
-from .ngram import SuffixIndex
+from .memory import NgramMemory
+from .ngram import MEMORY, SuffixIndex
 from .record import RoundLog, RoundRecord, Timing
 from .tree import PICK, Candidate
 
@@ -133,10 +134,11 @@ def parse_arm(spec: str, max_width: int = 64) -> Arm:
 
 
 def draft(drafter: Drafter | None, index: SuffixIndex | None, depth_limit: int, max_alts: int,
-          picks_only: bool = False) -> list[Candidate]:
+          picks_only: bool = False, memory=None) -> list[Candidate]:
     """Candidates for one round, unpriced: the drafter's (its picks alone, re-linked as a chain,
     when ``picks_only``), then the n-gram fill (when an index is given): chains from the anchor
-    and from each pick, and up to ``max_alts`` sibling chains."""
+    and from each pick, and up to ``max_alts`` sibling chains, from the request's own text or
+    else from the n-gram ``memory`` of earlier requests."""
     if depth_limit <= 0:
         return []
     cands = drafter.propose(depth_limit) if drafter is not None else []
@@ -146,7 +148,7 @@ def draft(drafter: Drafter | None, index: SuffixIndex | None, depth_limit: int, 
             c.parent = i - 1  # ANCHOR for the first
         cands = picks
     if index is not None:
-        ngram.fill(cands, index, min(depth_limit, MAX_CHAIN_DEPTH), max_alts)
+        ngram.fill(cands, index, min(depth_limit, MAX_CHAIN_DEPTH), max_alts, memory)
     return cands
 
 
@@ -294,6 +296,7 @@ class Generation:
         drafter: Drafter | None = None,
         learners: Learners | None = None,
         sampling: Sampling | None = None,
+        memory: NgramMemory | None = None,
     ):
         if sampling is not None and (arm.max_width > 1 or arm.learns or log is not None):
             raise InputError(f"a sampled request decodes at width 1, unlogged: arm ar and no log, not {arm.name}")
@@ -320,6 +323,8 @@ class Generation:
         self.sampling = sampling
         self._sampler = None
         self.index = SuffixIndex() if arm.uses_ngram else None
+        # The n-gram memory of earlier requests: read by the fill, and given this reply when it ends.
+        self.memory = memory if arm.uses_ngram else None
         # The learners persist across requests: pass the same ones to every request.
         if learners is None and arm.learns:
             learners = Learners()
@@ -360,6 +365,8 @@ class Generation:
             if self._sampler is not None:
                 self._sampler.close()
                 self._sampler = None
+            if self.memory is not None and self.tokens:
+                self.memory.add(self.tokens)
 
     @property
     def last_width(self) -> int:
@@ -373,7 +380,8 @@ class Generation:
         anchor = target.anchor
         context = target.n_past + 1  # committed tokens, the anchor included
         depth_limit = min(arm.max_width - 1, room - 1)
-        cands = draft(self.drafter, self.index, depth_limit, arm.max_alts, arm.picks_only) if arm.max_width > 1 else []
+        cands = draft(self.drafter, self.index, depth_limit, arm.max_alts, arm.picks_only,
+                      self.memory) if arm.max_width > 1 else []
         # The most rows this round's sources could fill: teaches the cost model its reach.
         reach = 1 + (self.drafter.capacity if self.drafter else 0) + (
             min(depth_limit, MAX_CHAIN_DEPTH) if self.index is not None else 0)
@@ -399,6 +407,9 @@ class Generation:
             self.drafter.extend(committed)
         emitted = committed[:-1] if finish == STOP else committed
         self.tokens.extend(emitted)
+        if self.memory is not None and cands:
+            self.memory.note(sum(cands[j].kind == MEMORY for j in lay.cand[1:]),
+                             sum(cands[lay.cand[r]].kind == MEMORY for r in path_rows))
         if finish is None and target.room() <= 0:
             finish = CONTEXT
         self.finish = finish

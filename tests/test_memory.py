@@ -1,0 +1,158 @@
+"""The n-gram memory of earlier requests (issue 16, adaspark_core/memory.py): lookups, the cap's
+eviction, the file beside the store, the fill's memory chains, and a served run that learns
+from it and replays exactly."""
+
+import random
+
+import numpy as np
+import orjson
+import pytest
+
+from adaspark_core import memory as mem
+from adaspark_core.fingerprint import fingerprint_key
+from adaspark_core.memory import GRAM, NgramMemory
+from adaspark_core.ngram import MEMORY, SuffixIndex, bucket, fill
+from adaspark_core.record import read_log
+from adaspark_core.replay import replay
+from adaspark_core.store import StoreError
+from adaspark_core.tree import ANCHOR, NGRAM
+
+from conftest import SIM
+
+
+def docs(n, length, vocab=40, seed=1):
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]
+
+
+def brute_lookup(documents, tail):
+    """The longest match of at least GRAM tokens ending a document position with a follower,
+    ties to the newest; over every occurrence (the memory scans the newest SCAN of its gram)."""
+    best = None
+    for d in documents:
+        for e in range(GRAM - 1, len(d) - 1):
+            m = 0
+            while m < len(tail) and e - m >= 0 and d[e - m] == tail[-1 - m]:
+                m += 1
+            if m >= GRAM and (best is None or m >= best[1]):
+                best = (d[e + 1], m)
+    return best
+
+
+def test_a_lookup_finds_the_longest_match_and_reads_on_to_the_documents_end():
+    ds = docs(30, 120)
+    m = NgramMemory()
+    for d in ds:
+        m.add(d)
+    assert m.n_tokens == 30 * 120 and m.documents == 30
+    rng = random.Random(2)
+    for _ in range(200):
+        d = rng.choice(ds)
+        e = rng.randrange(GRAM, len(d) - 1)
+        tail = tuple(d[max(0, e - 12) : e + 1])
+        token, length, p = m.lookup(tail)
+        assert (token, length) == brute_lookup(ds, tail)
+        assert m.tokens[p] == token
+    # read on: the document's tokens, then its end
+    last = ds[-1]
+    token, length, p = m.lookup(tuple(last[-8:-1]))
+    assert token == last[-1] and m.read_on(p) is None
+    assert m.lookup((99, 98, 97, 96)) is None and m.lookup(tuple(last[:3])) is None  # unseen; shorter than GRAM
+
+
+def test_no_match_runs_across_two_documents():
+    m = NgramMemory()
+    m.add([1, 2, 3, 4, 5, 6])
+    m.add([7, 8, 9, 10, 11, 12])
+    assert m.lookup((5, 6, 7, 8, 9, 10)) == (11, 4, m.tokens.index(11))  # only 7 8 9 10 matches
+    assert m.lookup((3, 4, 5, 6)) is None  # 6 ends its document: no follower
+
+
+def test_the_cap_drops_the_oldest_documents_and_the_index_stays_exact():
+    ds = docs(60, 200, vocab=30, seed=3)
+    cap_mb = 50 * 200 * mem.BYTES_PER_TOKEN / 1e6  # room for about 50 documents
+    m = NgramMemory(cap_mb)
+    for d in ds:
+        m.add(d)
+    assert m.nbytes <= cap_mb * 1e6 and m.evicted > 0
+    kept = m.documents
+    assert 30 <= kept < 60
+    fresh = NgramMemory()
+    for d in ds[-kept:]:  # the newest survive, in order
+        fresh.add(d)
+    assert list(m.tokens) == list(fresh.tokens)
+    assert np.array_equal(m._keys, fresh._keys) and np.array_equal(m._ends, fresh._ends)
+
+
+def test_the_file_round_trips_and_a_bad_one_is_reported_and_left_as_is(tmp_path):
+    store = tmp_path / "s.json"
+    m = NgramMemory()
+    for d in docs(5, 50):
+        m.add(d)
+    m.lookup(tuple(docs(5, 50)[0][:6]))
+    m.note(rows=7, accepted=3)
+    mem.save(m, store, "owner-a")
+    assert not m.dirty
+    back = mem.load(store, "owner-a")
+    assert list(back.tokens) == list(m.tokens) and np.array_equal(back._keys, m._keys)
+    assert back.summary() == m.summary()
+    with pytest.raises(StoreError, match="another model"):
+        mem.load(store, "owner-b")
+    path = mem.memory_path(store)
+    good = path.read_bytes()
+    for bad in (good[:-3], b"junk", good.replace(b'"version":1', b'"version":9'),
+                good[: len(mem.MAGIC)] + b"{]\n"):
+        path.write_bytes(bad)
+        with pytest.raises(StoreError, match="cannot be used") as e:
+            mem.load(store, "owner-a")
+        assert "store reset --memory" in str(e.value)
+        assert path.read_bytes() == bad  # left as is
+    assert mem.load(tmp_path / "none.json", "x").n_tokens == 0
+
+
+def chain(cands):
+    return [(c.token, c.kind, c.evidence) for c in cands]
+
+
+def test_the_fill_reads_the_memory_where_the_requests_own_text_has_no_copy():
+    m = NgramMemory()
+    m.add([50, 51, 52, 53, 54, 55, 56, 57])
+    index = SuffixIndex()
+    index.extend([9, 8, 50, 51, 52, 53])  # the request's own text has no earlier copy of this context
+    cands = []
+    fill(cands, index, depth_limit=6, max_alts=0, memory=m)
+    assert chain(cands) == [(54, MEMORY, 4), (55, MEMORY, 5), (56, MEMORY, 6), (57, MEMORY, 7)]  # then the document ends
+    assert all(c.source == NGRAM for c in cands) and cands[0].parent == ANCHOR
+    assert cands[1].bucket == bucket(MEMORY, 5, 1)
+    # the request's own copy wins over the memory
+    index = SuffixIndex()
+    index.extend([50, 51, 52, 53, 60, 61, 62, 50, 51, 52, 53])
+    cands = []
+    fill(cands, index, depth_limit=3, max_alts=0, memory=m)
+    assert [c.token for c in cands] == [60, 61, 62] and MEMORY not in {c.kind for c in cands}
+    # no memory: the same fill as before
+    cands = []
+    fill(cands, index, depth_limit=3, max_alts=0)
+    assert [c.token for c in cands] == [60, 61, 62]
+
+
+def test_a_served_run_remembers_its_replies_saves_them_beside_the_store_and_replays_exactly(tmp_path):
+    from adaspark_core.runtime import EngineOptions, Runtime
+    from adaspark_core.service import serve_request
+
+    store, log = tmp_path / "store.json", tmp_path / "rounds.jsonl"
+    with Runtime.open(EngineOptions(SIM), arm="adaspark", store=store, log=log) as rt:
+        prompt = rt.chat([{"role": "user", "content": "Tell me about rivers."}])
+        first = serve_request(rt, prompt, 160, "a")
+        second = serve_request(rt, prompt, 160, "b")
+        summary = rt.memory.summary()
+    assert first.text == second.text
+    assert summary["documents"] == 2 and summary["rows"] > 0 and summary["lookups"] > 0
+    records = list(read_log(log))
+    kinds = {(r.request, c["kind"]) for r in records for c in r.candidates}
+    assert ("b", MEMORY) in kinds and ("a", MEMORY) not in kinds  # the first reply had nothing to remember
+    _, report = replay(records)  # raises ReplayMismatch where the log and the learners disagree
+    assert report.rows["memory"] == summary["rows"] and report.accepted["memory"] == summary["accepted"]
+    owner = fingerprint_key(orjson.loads(store.read_bytes())["fingerprint"])
+    saved = mem.load(store, owner)
+    assert saved.documents == 2 and saved.summary()["rows"] == summary["rows"]
