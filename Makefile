@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.adaspark-installed
 PROMPTS := fixtures/prompts
 
-.PHONY: setup demo test test-fast bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ttft bench-ngram bench-drafters fixture-log clean
+.PHONY: setup demo test test-fast bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ttft bench-ngram bench-drafters bench-memory fixture-log clean
 .PHONY: peer
 
 # ggml for this CPU, but never with AMX: some virtual machines advertise AMX yet trap its first
@@ -69,6 +69,10 @@ bench-host: setup
 # Time to first token of a 4-turn conversation, fresh prefill against prompt-prefix reuse.
 bench-ttft: setup
 	$(BIN)/python -m adaspark_cli.bench ttft
+
+# The n-gram fill's host time per round with an n-gram memory of 1M tokens, and the lookup alone.
+bench-memory: setup
+	$(BIN)/python -m adaspark_cli.bench memory
 
 # adaspark (n-gram only) vs ar on the copy-heavy and multi-turn sets of ../shared/testset.
 bench-ngram: setup

@@ -2,6 +2,7 @@
 
     python -m adaspark_cli.bench smoke [--max-tokens N] [--passes K] [--json]
     python -m adaspark_cli.bench quant [--json]
+    python -m adaspark_cli.bench memory [--tokens N] [--rounds K]
 
 ``smoke`` decodes three bundled prompts (one copy-heavy) with ar, chain:4, tree:8 and tree:16,
 the arms interleaved and each pass in the opposite order of the last, and reports decode tok/s
@@ -410,6 +411,93 @@ def host(
         table.append([w, f"{chain_dec:.2f}", f"{chain_host:.3f}", f"{statistics.median(hosts[2:]):.3f}", lay.n_leaves])
     print("engine host time per verify (ms, median), context 1000 tokens")
     print(tabulate(table, headers=["rows", "llama_decode", "host: chain", "host: bushy tree", "leaves"]))
+
+
+@app.command()
+def memory(
+    size: int = typer.Option(1_000_000, "--tokens", help="Tokens in the n-gram memory."),
+    rounds: int = typer.Option(2000, "--rounds", help="Fill calls timed per arm."),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """The n-gram fill's host time per round with and without an n-gram memory of SIZE tokens
+    (issue 16: under 0.1 ms added), and the memory's build, save and load times. The memory holds
+    the test set's texts, tokenized by the default model, repeated with 3% of tokens changed to
+    fill it (so every gram recurs often: the lookup's worst case); the requests are the test set's
+    first turns, each followed by another text read as its reply, one token a round. The arms
+    (no memory, memory) alternate round by round."""
+    import random
+
+    from adaspark_core import memory as mem
+    from adaspark_core.ngram import SuffixIndex
+    from adaspark_core.scheduler import MAX_CHAIN_DEPTH, draft
+
+    rng = random.Random(seed)
+    lm = LlamaModel(default_model())
+    convs = load_sources(["specbench", "speedbench", "wildchat", "toolace", "convfinqa", "longbench"])
+    texts = [lm.tokenize(t["text"], False) for c in convs for t in c.turns]
+    texts = [t for t in texts if len(t) > 8]
+    docs, total = [], 0
+    while total < size:
+        base = rng.choice(texts)
+        doc = [tok if rng.random() > 0.03 else rng.randrange(lm.n_vocab) for tok in base]
+        docs.append(doc)
+        total += len(doc)
+    t0 = time.perf_counter()
+    memory = mem.NgramMemory(cap_mb=1e4)
+    memory.add_many(docs)
+    build_s = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as d:
+        store = Path(d) / "store.json"
+        t0 = time.perf_counter()
+        mem.save(memory, store, "bench")
+        save_s = time.perf_counter() - t0
+        file_mb = mem.memory_path(store).stat().st_size / 1e6
+        t0 = time.perf_counter()
+        mem.load(store, "bench", cap_mb=1e4)
+        load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    memory.add(texts[0])
+    add_ms = (time.perf_counter() - t0) * 1e3
+    times: dict[str, list[float]] = {"none": [], "memory": []}
+    lookup_ms: list[float] = []  # the memory's lookup alone, from the anchor
+    found = 0
+    done = 0
+    while done < rounds:
+        prompt, reply = rng.choice(texts), rng.choice(texts)
+        index = SuffixIndex()
+        index.extend(prompt)
+        for tok in reply:
+            for arm in (("none", "memory") if done % 2 == 0 else ("memory", "none")):
+                t0 = time.perf_counter()
+                cands = draft(None, index, MAX_CHAIN_DEPTH, 3, memory=memory if arm == "memory" else None)
+                times[arm].append((time.perf_counter() - t0) * 1e3)
+                if arm == "memory":
+                    found += any(c.kind == "memory" for c in cands)
+            tail = index.tail([], mem.MAX_MATCH)
+            t0 = time.perf_counter()
+            memory.lookup(tail)
+            lookup_ms.append((time.perf_counter() - t0) * 1e3)
+            index.extend([tok])
+            done += 1
+            if done >= rounds:
+                break
+
+    def q(xs, f):
+        return sorted(xs)[min(len(xs) - 1, int(f * len(xs)))]
+
+    rows = [[arm, f"{statistics.median(xs):.4f}", f"{statistics.mean(xs):.4f}", f"{q(xs, 0.9):.4f}", f"{q(xs, 0.99):.4f}"]
+            for arm, xs in times.items()]
+    print(f"n-gram memory of {memory.n_tokens:,} tokens ({memory.nbytes / 1e6:.1f} MB in memory, {file_mb:.1f} MB on disk): "
+          f"built in {build_s:.2f} s, saved in {save_s:.2f} s, loaded (index rebuilt) in {load_s:.2f} s, "
+          f"one reply added in {add_ms:.1f} ms")
+    print(f"fill host time per round (ms), {rounds} rounds each, arms alternating; memory nodes in "
+          f"{found / rounds:.0%} of the memory arm's rounds")
+    print(tabulate(rows, headers=["arm", "median", "mean", "p90", "p99"], disable_numparse=True))
+    print(f"the lookup alone (hash, binary search, up to {mem.SCAN} occurrences compared): median "
+          f"{statistics.median(lookup_ms):.4f} ms, p99 {q(lookup_ms, 0.99):.4f} ms; the rest of the memory arm's "
+          "time is building the candidate nodes a found chain gives, as for a chain from the request's own text")
+    print(f"added by the memory: median {statistics.median(times['memory']) - statistics.median(times['none']):.4f} ms, "
+          f"mean {statistics.mean(times['memory']) - statistics.mean(times['none']):.4f} ms")
 
 
 if __name__ == "__main__":

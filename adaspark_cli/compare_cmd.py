@@ -49,6 +49,8 @@ def compare(
     resamples: int = typer.Option(2000, "--resamples", min=100, help="Bootstrap resamples (seeded)."),
     warm: int = typer.Option(0, "--warm", min=0, help="Run the learning arms (adaspark, cost, pinned:N) over the whole workload K times, untimed, before measuring: a warm store (0: cold)."),
     logs: Optional[Path] = typer.Option(None, "--logs", help="Folder for one round log per AdaSpark arm (adaspark.jsonl, chain_3.jsonl, ...; warm passes in warm-<arm>.jsonl), for adaspark replay."),
+    warm_on: str = typer.Option("all", "--warm-on", help="all: warm passes over the whole workload; first-half: over the first half of each source's conversations only, and the report adds the seen and unseen halves apart (held-out)."),
+    memory_mb: float = typer.Option(64.0, "--memory-mb", min=0.0, help="Each learning arm with n-gram candidates keeps an n-gram memory of its own earlier replies (warm passes included) of this cap; 0: none."),
     reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix", help="Prefill only what follows the KV the last reply left (the AdaSpark arms; decode speed is timed after the prefill either way)."),
 ) -> None:
     """Run several arms over the same conversations, each carrying its own replies as history, and
@@ -57,18 +59,26 @@ def compare(
     with reported():
         if subset not in cmp.SUBSETS:
             raise InputError(f"unknown subset {subset!r}: use {', '.join(cmp.SUBSETS)}")
+        if warm_on not in ("all", "first-half"):
+            raise InputError(f"unknown --warm-on {warm_on!r}: use all or first-half")
         convs = load_workload(sets, subset, max_turns)
+        warm_convs = cmp.first_halves(convs) if warm_on == "first-half" else None
         if logs is not None and logs.exists() and not logs.is_dir():
             raise InputError(f"--logs wants a folder: {logs} is a file")
         if out is not None:  # found unwritable now, not after the whole run
             landing(out / RESULTS)
         with Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k, reuse_prefix)) as rt:
-            names, replies = _run(rt, arms, convs, max_tokens, repeat, warm, logs)
+            names, replies = _run(rt, arms, convs, max_tokens, repeat, warm, logs, memory_mb, warm_convs)
             summary = summarize(replies, names, baseline="ar", resamples=resamples, band_by="midpoint")
+            if warm_convs is not None and warm:
+                summary["held_out"] = {half: summarize(part, names, baseline="ar", resamples=resamples, band_by="midpoint")
+                                       for half, seen in (("seen", True), ("unseen", False))
+                                       if (part := [r for r in replies if r["warmed"] == seen])}
             if out is not None:
                 write_results(out, replies, summary, rt.model, rt.drafter, names,
                               {"max_tokens": max_tokens, "subset": subset, "repeat": repeat, "n_ctx": rt.target.n_ctx,
-                               "warm": warm, "logs": str(logs) if logs is not None else None, "reuse_prefix": reuse_prefix,
+                               "warm": warm, "warm_on": warm_on, "logs": str(logs) if logs is not None else None, "reuse_prefix": reuse_prefix,
+                               "memory_mb": memory_mb,
                                "sets": [str(s) for s in sets or []] or ["../shared/testset"]})
                 png = out / "ratios.png"
                 skipped = missing()  # matplotlib is an optional extra: without it, a note instead of the figure
@@ -82,9 +92,14 @@ def compare(
             sys.stdout.write(f"model {rt.model.path.name}, {len(convs)} conversations, replies capped at {max_tokens} "
                              f"tokens, subset {subset}, learning arms from a {store}\n")
             sys.stdout.write(tables(summary))
+            for half, what in (("seen", "the warm passes saw"), ("unseen", "the warm passes did not see (held out)")):
+                if half in summary.get("held_out", {}):
+                    n = len({r["conversation"] for r in replies if r["warmed"] == (half == "seen")})
+                    sys.stdout.write(f"\nThe {n} conversations {what}\n" + tables(summary["held_out"][half]))
 
 
-def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int, logs):
+def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int, logs, memory_mb: float = 0.0,
+         warm_convs=None):
     """Every arm over ``convs`` on the runtime's target and drafter: (arm names, replies)."""
     lm, target = rt.model, rt.target
 
@@ -104,12 +119,12 @@ def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int,
     if isinstance(lm, SimModel) and any(a.strip().startswith("llama:") for a in arms.split(",")):
         raise InputError(f"llama: arms run llama.cpp's llama-server: they need a GGUF model, not {lm.path}")
     arm_list = cmp.make_arms(arms.split(","), target, rt.drafter, llama, lm.is_eog, model_path=lm.path,
-                             n_ctx=target.n_ctx, threads=rt.threads)
+                             n_ctx=target.n_ctx, threads=rt.threads, memory_mb=memory_mb)
     try:
-        with tqdm(total=cmp.steps(convs, arm_list, warm), desc="compare", unit="reply", file=sys.stderr,
+        with tqdm(total=cmp.steps(convs, arm_list, warm, warm_convs), desc="compare", unit="reply", file=sys.stderr,
                   disable=None) as bar:
             replies = cmp.run(convs, arm_list, lm.chat_prompt, target.n_ctx, max_tokens, repeat,
-                              progress=bar.update, warm=warm, log_dir=logs)
+                              progress=bar.update, warm=warm, log_dir=logs, warm_convs=warm_convs)
     finally:
         cmp.close_arms(arm_list)  # stop the llama-server peers
     return [a.name for a in arm_list], replies

@@ -99,5 +99,6 @@ N_CTX = typer.Option(None, "--n-ctx", min=16, help="Context size (default: the m
 THREADS = typer.Option(None, "--threads", min=1, help="CPU threads (default: all).")
 ARM = typer.Option("adaspark", "--arm", help="adaspark, cost, pinned:N, tree:N, chain:N or ar.")
 STORE = typer.Option(None, "--store", help="Learned state for the learning arms (default: one per model, drafter and machine, in the cache).")
+MEMORY_MB = typer.Option(64.0, "--memory-mb", min=0.0, help="Cap of the n-gram memory of earlier replies kept beside the store (learning arms with n-gram candidates); 0: no memory.")
 LOG = typer.Option(None, "--log", help="Append one JSON line per round to this file (for adaspark replay).")
 

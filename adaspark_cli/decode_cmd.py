@@ -25,6 +25,7 @@ def decode(
     n_ctx: Optional[int] = console.N_CTX,
     threads: Optional[int] = console.THREADS,
     store: Optional[Path] = console.STORE,
+    memory_mb: float = console.MEMORY_MB,
     drafter: str = console.DRAFTER,
     block: Optional[int] = console.BLOCK,
     top_k: int = console.TOP_K,
@@ -36,7 +37,7 @@ def decode(
     text = console.read_prompt(prompt_file)
     system = console.utf8(system, "--system") if system is not None else None
     with reported(), Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k),
-                                  arm=arm, store=store, log=log) as rt:
+                                  arm=arm, store=store, log=log, memory_mb=memory_mb) as rt:
         if raw:
             prompt = rt.tokens(text)
         else:

@@ -63,6 +63,7 @@ def serve_stdin(
     top_k: int = console.TOP_K,
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="A request's reply cap when it sets none."),
     store: Optional[Path] = console.STORE,
+    memory_mb: float = console.MEMORY_MB,
     log: Optional[Path] = console.LOG,
     n_ctx: Optional[int] = console.N_CTX,
     threads: Optional[int] = console.THREADS,
@@ -76,7 +77,7 @@ def serve_stdin(
         console.fail("stdin is closed: serve-stdin reads its requests there")
     with reported():
         rt = Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k, reuse_prefix),
-                          arm=arm, store=store, log=log)
+                          arm=arm, store=store, log=log, memory_mb=memory_mb)
     server = Server(rt, max_tokens)
     signals = _Signals()
     signals.install()

@@ -25,6 +25,7 @@ def serve(
     block: Optional[int] = console.BLOCK,
     top_k: int = console.TOP_K,
     store: Optional[Path] = console.STORE,
+    memory_mb: float = console.MEMORY_MB,
     log: Optional[Path] = console.LOG,
     n_ctx: Optional[int] = console.N_CTX,
     threads: Optional[int] = console.THREADS,
@@ -46,7 +47,7 @@ def serve(
         sock = http_app.listen(host, port)
         try:
             rt = Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k, reuse_prefix),
-                              arm=arm, store=store, log=log)
+                              arm=arm, store=store, log=log, memory_mb=memory_mb)
         except BaseException:
             sock.close()
             raise

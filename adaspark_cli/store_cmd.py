@@ -26,8 +26,10 @@ from adaspark_cli.console import fail, reported
 from adaspark_core import store as sm
 from adaspark_core.engine.simlm import is_sim
 from adaspark_core.errors import InputError
-from adaspark_core.fingerprint import fingerprint
+from adaspark_core.fingerprint import fingerprint, fingerprint_key
 from adaspark_core.learned import Learners
+from adaspark_core.memory import load as load_memory, memory_path, save as save_memory
+from adaspark_core.runtime import open_model
 from adaspark_core.models import default_model_file
 from adaspark_core.store import Store, StoreError, default_store_path
 from adaspark_core.store_report import CONTEXTS, summarize
@@ -127,6 +129,7 @@ def inspect_store(
         except OSError:
             size = None
         summary["file_bytes"] = size
+        summary["memory"] = _memory_summary(path, st.fingerprint)
         if as_json:
             sys.stdout.write(orjson.dumps(summary).decode() + "\n")
         else:
@@ -134,6 +137,15 @@ def inspect_store(
 
 
 store_app.command("show")(inspect_store)
+
+
+def _memory_summary(path: Path, fp: dict) -> Optional[dict]:
+    """The n-gram memory beside the store (None: there is none); a bad one is reported."""
+    if not memory_path(path).exists():
+        return None
+    summary = load_memory(path, fingerprint_key(fp)).summary()
+    summary["file_bytes"] = memory_path(path).stat().st_size
+    return summary
 
 
 # --- reset, export, import ------------------------------------------------------------------------
@@ -145,23 +157,64 @@ def reset(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
     drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
     yes: bool = typer.Option(False, "--yes", "-y", help="Remove it (required: this forgets what was learned)."),
+    memory_only: bool = typer.Option(False, "--memory", help="Remove only the n-gram memory beside the store (earlier replies); keep the learners."),
 ) -> None:
-    """Remove the store file, whatever it holds (also a corrupt one); the learners start from
-    empty on the next decode. Nothing else is touched."""
+    """Remove the store file and its n-gram memory, whatever they hold (also corrupt ones); the
+    learners start from empty on the next decode. Nothing else is touched. With --memory, only
+    the n-gram memory goes."""
     with reported():
         path, _ = locate(store, model, drafter) if store is None else (store, None)
         if path.is_dir():
             raise InputError(f"{path} is a directory, not a store file")
-        if not path.exists():
-            typer.echo(f"no store at {path}; nothing removed")
+        mem_file = memory_path(path)
+        targets = [p for p in ([mem_file] if memory_only else [path, mem_file]) if p.exists()]
+        what = "n-gram memory" if memory_only else "store"
+        if not targets:
+            typer.echo(f"no {what} at {mem_file if memory_only else path}; nothing removed")
             return
         if not yes:
-            fail(f"this would remove the learned state at {path}; run again with --yes to remove it")
+            fail(f"this would remove the {'n-gram memory' if memory_only else 'learned state'} at "
+                 f"{' and '.join(map(str, targets))}; run again with --yes to remove it")
         try:
-            Store.reset(path)
+            Store.reset(path, extra=[mem_file] if mem_file in targets else [],
+                        keep_store=memory_only)
         except OSError as e:
             raise InputError(f"cannot remove {path}: {e.strerror or e}") from None
-        typer.echo(f"removed {path}")
+        typer.echo("removed " + " and ".join(map(str, targets)))
+
+
+@store_app.command("memorize")
+def memorize(
+    files: List[Path] = typer.Argument(..., help="UTF-8 text files: each becomes one document of the memory."),
+    store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
+    drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
+    memory_mb: float = typer.Option(64.0, "--memory-mb", min=0.0, help="The memory's cap: the oldest documents go first when it is full."),
+) -> None:
+    """Add a corpus to the store's n-gram memory, once (as llama.cpp's static n-gram cache): the
+    fill then proposes continuations of text like it where a request's own text has none. The
+    model tokenizes it; the memory is written atomically beside the store."""
+    with reported():
+        if memory_mb <= 0:
+            raise InputError("--memory-mb must be positive to keep anything")
+        texts = []
+        for f in files:
+            try:
+                texts.append(f.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError) as e:
+                raise InputError(f"cannot read {f} as UTF-8 text ({getattr(e, 'strerror', None) or e})") from None
+        path, fp = locate(store, model, drafter, need_fingerprint=True)
+        lm = open_model(model)
+        with Store.open(path, fp) as st:  # the lock: never under a process that is learning into the store
+            if not path.exists():
+                st.save()  # an empty store, so the memory has its store (store show, reset)
+            memory = load_memory(path, fingerprint_key(fp), memory_mb)
+            before = memory.n_tokens
+            memory.add_many([lm.tokenize(text, False) for text in texts])
+            save_memory(memory, path, fingerprint_key(fp))
+        lm.close()
+        typer.echo(f"memorized {len(files)} file{'s' if len(files) > 1 else ''}: {memory.n_tokens - before:,} tokens "
+                   f"added, {memory.n_tokens:,} in {memory_path(path)} ({memory.evicted:,} evicted so far)")
 
 
 @store_app.command("export")
@@ -356,6 +409,15 @@ def render(s: dict, top: int = 12) -> str:
     if shown:
         out.append(_table([[x["key"], x["kind"], _f(x["weight"], "+.4f"), x["labels"]] for x in shown],
                           ["bucket", "kind", "weight", "labels"], left=2))
+    m = s.get("memory")
+    if m is None:
+        out.append("\nN-gram memory: none yet (it keeps the replies of learning arms with n-gram candidates)")
+    else:
+        out.append(f"\nN-gram memory: {m['documents']:,} documents, {m['tokens']:,} tokens, {m['ngrams']:,} n-grams "
+                   f"({m['distinct_ngrams']:,} distinct), {m['mb']:.1f} MB in memory of a {m['cap_mb']:g} MB cap, "
+                   f"{m['file_bytes']:,} bytes on disk, {m['evicted_tokens']:,} tokens evicted")
+        out.append(f"  lookups {m['lookups']:,}, found a continuation {_pct(m['hit_rate'])}; memory nodes verified "
+                   f"{m['rows']:,}, accepted {m['accepted']:,} ({_pct(m['acceptance'])})")
     return "\n".join(out) + "\n"
 
 

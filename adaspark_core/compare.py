@@ -124,9 +124,10 @@ class SchedulerArm:
         self.memory = memory  # the arm's own n-gram memory of its earlier replies
         self.log = None
 
-    def answer(self, prompt: list[int], max_tokens: int, request_id: str) -> Answer:
+    def answer(self, prompt: list[int], max_tokens: int, request_id: str, remember: bool = True) -> Answer:
         gen = Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id,
-                         learners=self.learners, drafter=self.drafter, log=self.log, memory=self.memory)
+                         learners=self.learners, drafter=self.drafter, log=self.log, memory=self.memory,
+                         remember=remember)
         st = gen.stats
         trace: list[list] = []
         for _ in gen:
@@ -230,14 +231,16 @@ def close_arms(arms: list) -> None:
 
 def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]], list[int]], n_ctx: int,
         max_tokens: int, repeat: int = 1, progress: Callable[[], None] | None = None, warm: int = 0,
-        log_dir: Path | None = None) -> list[dict]:
+        log_dir: Path | None = None, warm_convs: list[Conversation] | None = None) -> list[dict]:
     """Every arm over every conversation; one record per (arm, conversation, turn, reply), in the
     format adaspark_core/stats.py reads. ``repeat``: replies are decoded that many times and the
     median speed kept, with that run's trace (greedy decoding gives the same text each time).
 
     ``warm``: first run the learning arms (those with learners: adaspark, cost, pinned:N) over the
-    whole workload that many times, untimed and unrecorded (request ids ``warm<k>:...``), so the
-    measured pass starts from the store they learned. ``log_dir``: a round log per scheduler arm
+    whole workload (or over ``warm_convs``, e.g. ``first_halves(convs)`` for a held-out
+    measurement) that many times, untimed and unrecorded (request ids ``warm<k>:...``), so the
+    measured pass starts from the store they learned. Each record says whether its conversation
+    was in the warm passes (``warmed``). ``log_dir``: a round log per scheduler arm
     of the measured pass, ``<arm>.jsonl`` (``:`` as ``_``), and of the warm passes,
     ``warm-<arm>.jsonl``; each file is started afresh. A log holds one arm, so ``adaspark replay``
     drives one set of fresh learners through it, as the run did (after the warm log, if any). With
@@ -245,6 +248,7 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
     simulate``, tracesim.py)."""
     learning = [a for a in arms if getattr(a, "learners", None) is not None]
     logged = [a for a in arms if isinstance(a, SchedulerArm)]
+    warmed = convs if warm_convs is None else warm_convs
     logs: list[RoundLog] = []
 
     def open_logs(which: list, warm_pass: bool) -> None:
@@ -266,7 +270,7 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
             if log_dir is not None:
                 open_logs([a for a in learning if a in logged], True)
             for k in range(warm):
-                _pass(convs, learning, chat_prompt, n_ctx, max_tokens, 1, progress, f"warm{k + 1}:")
+                _pass(warmed, learning, chat_prompt, n_ctx, max_tokens, 1, progress, f"warm{k + 1}:")
             close_logs()
         traces = None
         if log_dir is not None:
@@ -277,7 +281,19 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
     finally:
         close_logs()
     _mark_same_text(records, arms[0].name)
+    seen = {c.name for c in warmed} if warm > 0 else set()
+    for r in records:
+        r["warmed"] = r["conversation"] in seen
     return records
+
+
+def first_halves(convs: list[Conversation]) -> list[Conversation]:
+    """The first half (rounded up) of each source's conversations: a warm-up that leaves the
+    second halves unseen, to measure what a warm store gives on text it has not met."""
+    by_source: dict[str, list[Conversation]] = {}
+    for c in convs:
+        by_source.setdefault(c.set, []).append(c)
+    return [c for group in by_source.values() for c in group[: (len(group) + 1) // 2]]
 
 
 TRACES = "traces.jsonl"
@@ -288,11 +304,12 @@ def log_path(log_dir: Path, arm: str, warm: bool = False) -> Path:
     return Path(log_dir) / f"{'warm-' if warm else ''}{arm.replace(':', '_').replace('/', '_')}.jsonl"
 
 
-def steps(convs: list[Conversation], arms: list, warm: int = 0) -> int:
+def steps(convs: list[Conversation], arms: list, warm: int = 0, warm_convs: list[Conversation] | None = None) -> int:
     """The progress steps ``run`` takes: one per (arm, turn) of the measured and warm passes."""
     turns = sum(len(c.turns) for c in convs)
+    warm_turns = turns if warm_convs is None else sum(len(c.turns) for c in warm_convs)
     learning = sum(1 for a in arms if getattr(a, "learners", None) is not None)
-    return turns * (len(arms) + warm * learning)
+    return turns * len(arms) + warm * learning * warm_turns
 
 
 def _pass(convs: list[Conversation], arms: list, chat_prompt, n_ctx: int, max_tokens: int, repeat: int,
@@ -333,7 +350,10 @@ def _pass(convs: list[Conversation], arms: list, chat_prompt, n_ctx: int, max_to
 
 
 def _answer(arm, prompt, max_tokens, request_id, repeat) -> Answer:
-    answers = [arm.answer(prompt, max_tokens, request_id) for _ in range(repeat)]
+    # A repeat must not find its own reply in the arm's n-gram memory: only the last run adds it.
+    answers = [arm.answer(prompt, max_tokens, request_id,
+                          **({"remember": k == repeat - 1} if isinstance(arm, SchedulerArm) else {}))
+               for k in range(repeat)]
     first = answers[0]
     if repeat > 1:
         # The median run's speed and its trace, so the first-N ratio measures the same run.

@@ -120,6 +120,20 @@ class NgramMemory:
         if self.nbytes > self.cap_mb * 1e6:
             self._evict(0.75 * self.cap_mb * 1e6)
 
+    def add_many(self, documents: list[list[int]]) -> None:
+        """Keep many documents (a corpus): as ``add`` one by one, with one index rebuild."""
+        kept = [d for d in documents if len(d) >= GRAM + 1]
+        for doc in kept:
+            if min(doc) < 0:
+                raise ValueError("token ids must be non-negative int32")
+            self.tokens.append(SEP)
+            self.tokens.extend(doc)
+        if kept:
+            self._reindex()
+            self.dirty = True
+            if self.nbytes > self.cap_mb * 1e6:
+                self._evict(0.75 * self.cap_mb * 1e6)
+
     def _evict(self, target_bytes: float) -> None:
         """Drop the oldest documents until the memory takes at most ``target_bytes``."""
         toks = np.frombuffer(self.tokens, dtype=np.int32)

@@ -297,6 +297,7 @@ class Generation:
         learners: Learners | None = None,
         sampling: Sampling | None = None,
         memory: NgramMemory | None = None,
+        remember: bool = True,
     ):
         if sampling is not None and (arm.max_width > 1 or arm.learns or log is not None):
             raise InputError(f"a sampled request decodes at width 1, unlogged: arm ar and no log, not {arm.name}")
@@ -323,8 +324,10 @@ class Generation:
         self.sampling = sampling
         self._sampler = None
         self.index = SuffixIndex() if arm.uses_ngram else None
-        # The n-gram memory of earlier requests: read by the fill, and given this reply when it ends.
+        # The n-gram memory of earlier requests: read by the fill, and given this reply when it
+        # ends (unless not ``remember``: a timing repeat of a reply must not read itself).
         self.memory = memory if arm.uses_ngram else None
+        self.remember = remember
         # The learners persist across requests: pass the same ones to every request.
         if learners is None and arm.learns:
             learners = Learners()
@@ -365,7 +368,7 @@ class Generation:
             if self._sampler is not None:
                 self._sampler.close()
                 self._sampler = None
-            if self.memory is not None and self.tokens:
+            if self.memory is not None and self.remember and self.tokens:
                 self.memory.add(self.tokens)
 
     @property

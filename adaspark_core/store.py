@@ -340,10 +340,15 @@ class Store:
                               f"is as before)") from None
 
     @staticmethod
-    def reset(path: PathLike) -> bool:
-        """Delete the store file at ``path`` (nothing else; a symlink stays, the file it names
-        goes). Returns whether there was one. StoreBusy while another process learns into it."""
+    def reset(path: PathLike, extra: list[PathLike] = (), keep_store: bool = False) -> bool:
+        """Delete the store file at ``path`` (a symlink stays, the file it names goes) and the
+        files ``extra`` that belong to it (its n-gram memory), or with ``keep_store`` only those.
+        Returns whether the store file was there. StoreBusy while another process learns into it."""
         with _locked(path) as real:
+            for other in extra:
+                Path(other).unlink(missing_ok=True)
+            if keep_store:
+                return real.exists()
             try:
                 real.unlink()
                 return True

@@ -156,3 +156,13 @@ def test_a_served_run_remembers_its_replies_saves_them_beside_the_store_and_repl
     owner = fingerprint_key(orjson.loads(store.read_bytes())["fingerprint"])
     saved = mem.load(store, owner)
     assert saved.documents == 2 and saved.summary()["rows"] == summary["rows"]
+
+
+def test_a_corpus_added_at_once_is_the_memory_of_its_documents_added_one_by_one():
+    ds = docs(40, 90, vocab=25, seed=5)
+    one, many = NgramMemory(), NgramMemory()
+    for d in ds:
+        one.add(d)
+    many.add_many(ds + [[1, 2]])  # too short to keep
+    assert list(one.tokens) == list(many.tokens) and one.documents == many.documents == 40
+    assert np.array_equal(one._keys, many._keys) and np.array_equal(one._ends, many._ends)
