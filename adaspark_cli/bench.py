@@ -473,7 +473,7 @@ def memory(
                 times[arm].append((time.perf_counter() - t0) * 1e3)
                 if arm == "memory":
                     found += any(c.kind == "memory" for c in cands)
-            tail = index.tail([], mem.MAX_MATCH)
+            tail = index.tail([], index.max_match)
             t0 = time.perf_counter()
             memory.lookup(tail)
             lookup_ms.append((time.perf_counter() - t0) * 1e3)

@@ -37,11 +37,11 @@ import orjson
 
 from .errors import OutputError
 from .files import replace
+from .ngram import COPY_MIN
 from .store import StoreError
 
 SEP = -1
-GRAM = 4  # tokens a lookup matches at least (the request's own copies need as many: ngram.COPY_MIN)
-MAX_MATCH = 16  # longest match measured (evidence)
+GRAM = COPY_MIN  # tokens a lookup matches at least, as a copy from the request's own text does
 SCAN = 8  # newest occurrences of a gram compared per lookup
 DEFAULT_CAP_MB = 64.0
 BYTES_PER_TOKEN = 4 + 8 + 8  # the token (int32), its gram's hash (uint64) and end (int64)

@@ -21,8 +21,13 @@ Terms used below:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import tree
 from .tree import ANCHOR, NGRAM, PICK, Candidate
+
+if TYPE_CHECKING:  # memory.py imports this module's constants
+    from .memory import NgramMemory
 
 FOLLOWER_CONTEXT = 3  # follower context when no earlier passage continues (Table 14)
 COPY_MIN = FOLLOWER_CONTEXT + 1  # a copy needs a longer matching context than the follower source
@@ -252,7 +257,8 @@ class SuffixIndex:
         return (self._match_end, self._match) if self._match else (-1, 0)
 
 
-def fill(cands: list[Candidate], index: SuffixIndex, depth_limit: int, max_alts: int = 3, memory=None) -> None:
+def fill(cands: list[Candidate], index: SuffixIndex, depth_limit: int, max_alts: int = 3,
+         memory: NgramMemory | None = None) -> None:
     """Append the n-gram candidates of one round to ``cands`` in place (paper 3.3).
 
     ``cands`` holds the drafter's candidates (or nothing), parents before children. Chains start
@@ -269,7 +275,8 @@ def fill(cands: list[Candidate], index: SuffixIndex, depth_limit: int, max_alts:
     the n-gram ``memory`` of earlier requests (memory.py, beyond the paper): a match of at least
     GRAM tokens there starts a run of ``memory`` nodes, read on along the memory (evidence: the
     match length, one more per step) until its document ends. A copy from the request's own text
-    wins over the memory: it is the same conversation.
+    wins over the memory (it is the same conversation); where the memory continues a main chain's
+    first step differently, its chain is one more alternative (a sibling), after the own ones.
 
     Chains stop when the next node would be deeper than ``depth_limit`` or nothing is proposed.
     The alternatives met along the main chains (shallowest first, the anchor chain first at equal
@@ -294,11 +301,12 @@ def fill(cands: list[Candidate], index: SuffixIndex, depth_limit: int, max_alts:
     # follower scan that finding alternatives costs.
     found: list[tuple] = []
 
-    def walk(parent: int, extra: list[int], p: int, length: int, chain_no: int | None) -> None:
-        """Follow one chain from ``parent``; ``chain_no`` None: an alternative chain."""
-        depth = 0 if parent == ANCHOR else cands[parent].depth
+    def walk(parent: int, extra: list[int], p: int, length: int, chain_no: int | None,
+             mp: int = -1, mlen: int = 0) -> None:
+        """Follow one chain from ``parent``; ``chain_no`` None: an alternative chain. ``mp``,
+        ``mlen``: reading the memory (the position of the last token read, the match length)."""
+        depth = start = 0 if parent == ANCHOR else cands[parent].depth
         limit = depth_limit if chain_no is not None else min(depth_limit, depth + ALT_DEPTH - 1)
-        mp, mlen = -1, 0  # reading the memory: the position of the last token read, the match length
         while depth < limit:
             if mp >= 0:
                 t = memory.read_on(mp)
@@ -317,6 +325,12 @@ def fill(cands: list[Candidate], index: SuffixIndex, depth_limit: int, max_alts:
                     if hit is not None:
                         t, mlen, mp = hit
                         prop = (t, MEMORY, mlen, -1, 0, ())
+                elif memory is not None and want and depth == start:
+                    # A main chain's first step copies the request's own text: where the memory
+                    # goes on differently, its chain becomes a sibling (after the own alternatives).
+                    hit = memory.lookup(index.tail(extra, MAX_MATCH))
+                    if hit is not None and hit[0] != prop[0]:
+                        prop = (*prop[:5], [*prop[5], (hit[0], MEMORY, hit[1], hit[2], hit[1])])
             if prop is None:
                 return
             t, kind, ev, p, length, others = prop
@@ -374,7 +388,10 @@ def fill(cands: list[Candidate], index: SuffixIndex, depth_limit: int, max_alts:
         above = 0 if parent == ANCHOR else ng_path[parent]
         j = place(parent, f, akind, aev, above, bucket(akind, aev, above))
         extra.append(f)
-        walk(j, extra, ap, alen, None)
+        if akind == MEMORY:  # read on along the memory from the token placed
+            walk(j, extra, -1, 0, None, ap, alen)
+        else:
+            walk(j, extra, ap, alen, None)
 
 
 def _path_tokens(cands: list[Candidate], j: int) -> list[int]:

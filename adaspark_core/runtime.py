@@ -21,10 +21,9 @@ from typing import Callable
 from .engine import simlm
 from .engine.base import Sampling
 from .errors import InputError
-from . import memory
 from .fingerprint import fingerprint, fingerprint_key
 from .learned import Learners
-from .memory import DEFAULT_CAP_MB, NgramMemory
+from .memory import DEFAULT_CAP_MB, NgramMemory, load as load_memory, save as save_memory
 from .record import RoundLog
 from .scheduler import Arm, Generation, parse_arm
 from .store import Store, default_store_path
@@ -98,7 +97,7 @@ class Runtime:
                 rt.store = Store.open(store or default_store_path(fp), fp)
                 rt.learners = Learners.from_store(rt.store)
                 if the_arm.uses_ngram and memory_mb > 0:
-                    rt.memory = memory.load(rt.store.path, fingerprint_key(fp), memory_mb)
+                    rt.memory = load_memory(rt.store.path, fingerprint_key(fp), memory_mb)
             rt.log = RoundLog(log) if log is not None else None
         except BaseException:
             rt.close()
@@ -161,7 +160,7 @@ class Runtime:
         self.store.bump(requests=requests, rounds=rounds)
         self.store.save()
         if self.memory is not None:
-            memory.save(self.memory, self.store.path, fingerprint_key(self.store.fingerprint))
+            save_memory(self.memory, self.store.path, fingerprint_key(self.store.fingerprint))
 
     # --- the end --------------------------------------------------------------------------------
 

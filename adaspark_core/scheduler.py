@@ -279,8 +279,9 @@ class Stats:
 class Generation:
     """One request decoded round by round, greedily (or, with ``sampling``, at width 1 by the
     target's own sampler: speculation is greedy only; sampled rounds are neither learned from nor
-    logged, since replay and the audit re-derive every token as the verify row's argmax). Iterate it for the emitted tokens of each
-    round (an empty list for a round that emitted nothing new, e.g. only the end token); after
+    logged, since replay and the audit re-derive every token as the verify row's argmax). Iterate
+    it for the emitted tokens of each round (an empty list for a round that emitted nothing new,
+    e.g. only the end token); after
     the loop ``finish``, ``stats`` and ``tokens`` describe the reply. Every round builds its
     RoundRecord (``last_record``), which the log and, later, the online learners consume."""
 

@@ -130,6 +130,14 @@ def test_the_fill_reads_the_memory_where_the_requests_own_text_has_no_copy():
     cands = []
     fill(cands, index, depth_limit=3, max_alts=0, memory=m)
     assert [c.token for c in cands] == [60, 61, 62] and MEMORY not in {c.kind for c in cands}
+    # where the memory goes on differently from the own copy, its chain is a sibling
+    m.add([50, 51, 52, 53, 70, 71, 72])
+    cands = []
+    fill(cands, index, depth_limit=3, max_alts=3, memory=m)
+    assert chain(cands)[:3] == [(60, "copy", 4), (61, "copy", 5), (62, "copy", 6)]
+    sib = [c for c in cands if c.kind == MEMORY]
+    assert [(c.token, c.evidence, c.depth) for c in sib] == [(70, 4, 1), (71, 5, 2), (72, 6, 3)]
+    assert sib[0].parent == ANCHOR
     # no memory: the same fill as before
     cands = []
     fill(cands, index, depth_limit=3, max_alts=0)
@@ -166,3 +174,45 @@ def test_a_corpus_added_at_once_is_the_memory_of_its_documents_added_one_by_one(
     many.add_many(ds + [[1, 2]])  # too short to keep
     assert list(one.tokens) == list(many.tokens) and one.documents == many.documents == 40
     assert np.array_equal(one._keys, many._keys) and np.array_equal(one._ends, many._ends)
+
+
+# --- the commands -----------------------------------------------------------------------------
+
+
+def test_decodes_remember_their_replies_and_the_store_commands_show_and_reset_the_memory(tmp_path):
+    from conftest import PROMPTS
+    from test_cli import adaspark, assert_one_error_line
+
+    store = tmp_path / "store.json"
+    mem_file = mem.memory_path(store)
+    for _ in range(2):
+        res = adaspark("decode", PROMPTS / "rewrite.txt", "--model", SIM, "-n", 48, "--store", store, "--json")
+        assert res.returncode == 0, res.stderr
+    shown = orjson.loads(adaspark("store", "show", "--store", store, "--json").stdout)["memory"]
+    assert shown["documents"] == 2 and shown["tokens"] > 0 and shown["file_bytes"] == mem_file.stat().st_size
+    assert shown["rows"] > 0 and 0 <= shown["acceptance"] <= 1  # the second decode verified memory nodes
+    text = adaspark("store", "show", "--store", store).stdout
+    assert "N-gram memory: 2 documents" in text and "memory nodes verified" in text
+    # a corpus, added once
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("A corpus line the model may say again.\n" * 20)
+    res = adaspark("store", "memorize", corpus, "--model", SIM, "--store", store)
+    assert res.returncode == 0 and "memorized 1 file" in res.stdout, res.stderr
+    assert orjson.loads(adaspark("store", "show", "--store", store, "--json").stdout)["memory"]["documents"] == 3
+    # a damaged memory: one error line, the file left as is, for decode and for show
+    good = mem_file.read_bytes()
+    mem_file.write_bytes(good[:-1])
+    for res in (adaspark("decode", PROMPTS / "rewrite.txt", "--model", SIM, "-n", 8, "--store", store),
+                adaspark("store", "show", "--store", store)):
+        assert_one_error_line(res, "n-gram memory", "store reset --memory")
+    assert mem_file.read_bytes() == good[:-1]
+    # reset the memory alone, then decode without one
+    assert adaspark("store", "reset", "--store", store, "--memory").returncode == 2  # needs --yes
+    res = adaspark("store", "reset", "--store", store, "--memory", "--yes")
+    assert res.returncode == 0 and not mem_file.exists() and store.exists()
+    res = adaspark("decode", PROMPTS / "rewrite.txt", "--model", SIM, "-n", 8, "--store", store, "--memory-mb", 0)
+    assert res.returncode == 0 and not mem_file.exists()
+    adaspark("decode", PROMPTS / "rewrite.txt", "--model", SIM, "-n", 8, "--store", store)
+    assert mem_file.exists()
+    res = adaspark("store", "reset", "--store", store, "--yes")  # the whole store takes its memory along
+    assert res.returncode == 0 and not store.exists() and not mem_file.exists()
