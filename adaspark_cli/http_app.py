@@ -34,7 +34,7 @@ from adaspark_core import openai_api as api
 from adaspark_core.errors import InputError
 from adaspark_core.record import LogWriteError
 from adaspark_core.runtime import Runtime
-from adaspark_core.service import keep, serve_request
+from adaspark_core.service import Reply, keep, serve_request
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 
@@ -120,7 +120,7 @@ class Decoder:
                 with self.lock:
                     self.pending -= 1
 
-    def _decode(self, job: Job) -> api.Reply:
+    def _decode(self, job: Job) -> Reply:
         rt, req = self.rt, job.req
         try:
             if req.chat:
