@@ -51,6 +51,11 @@ def compare(
     logs: Optional[Path] = typer.Option(None, "--logs", help="Folder for one round log per AdaSpark arm (adaspark.jsonl, chain_3.jsonl, ...; warm passes in warm-<arm>.jsonl), for adaspark replay."),
     warm_on: str = typer.Option("all", "--warm-on", help="all: warm passes over the whole workload; first-half: over the first half of each source's conversations only, and the report adds the seen and unseen halves apart (held-out)."),
     memory_mb: float = typer.Option(64.0, "--memory-mb", min=0.0, help="Each learning arm with n-gram candidates keeps an n-gram memory of its own earlier replies (warm passes included) of this cap; 0: none."),
+    temperature: float = console.TEMPERATURE,
+    sample_top_k: int = console.SAMPLE_TOP_K,
+    top_p: float = console.TOP_P,
+    min_p: float = console.MIN_P,
+    seed: int = typer.Option(0, "--seed", help="Sampling: the seed every arm samples with (so arms sample the same text)."),
     reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix", help="Prefill only what follows the KV the last reply left (the AdaSpark arms; decode speed is timed after the prefill either way)."),
 ) -> None:
     """Run several arms over the same conversations, each carrying its own replies as history, and
@@ -59,6 +64,10 @@ def compare(
     with reported():
         if subset not in cmp.SUBSETS:
             raise InputError(f"unknown subset {subset!r}: use {', '.join(cmp.SUBSETS)}")
+        how = console.sampling(temperature, sample_top_k, top_p, min_p, seed)
+        if how is not None and logs is not None:
+            raise InputError("sampled replies are not logged (replay re-derives greedy tokens): drop --logs, "
+                             "or compare at temperature 0")
         if warm_on not in ("all", "first-half"):
             raise InputError(f"unknown --warm-on {warm_on!r}: use all or first-half")
         convs = load_workload(sets, subset, max_turns)
@@ -68,7 +77,7 @@ def compare(
         if out is not None:  # found unwritable now, not after the whole run
             landing(out / RESULTS)
         with Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k, reuse_prefix)) as rt:
-            names, replies = _run(rt, arms, convs, max_tokens, repeat, warm, logs, memory_mb, warm_convs)
+            names, replies = _run(rt, arms, convs, max_tokens, repeat, warm, logs, memory_mb, warm_convs, how)
             summary = summarize(replies, names, baseline="ar", resamples=resamples, band_by="midpoint")
             if warm_convs is not None and warm:
                 summary["held_out"] = {half: summarize(part, names, baseline="ar", resamples=resamples, band_by="midpoint")
@@ -78,7 +87,7 @@ def compare(
                 write_results(out, replies, summary, rt.model, rt.drafter, names,
                               {"max_tokens": max_tokens, "subset": subset, "repeat": repeat, "n_ctx": rt.target.n_ctx,
                                "warm": warm, "warm_on": warm_on, "logs": str(logs) if logs is not None else None, "reuse_prefix": reuse_prefix,
-                               "memory_mb": memory_mb,
+                               "memory_mb": memory_mb, "sampling": how.describe() if how else None, "seed": seed if how else None,
                                "sets": [str(s) for s in sets or []] or ["../shared/testset"]})
                 png = out / "ratios.png"
                 skipped = missing()  # matplotlib is an optional extra: without it, a note instead of the figure
@@ -99,7 +108,7 @@ def compare(
 
 
 def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int, logs, memory_mb: float = 0.0,
-         warm_convs=None):
+         warm_convs=None, sampling=None):
     """Every arm over ``convs`` on the runtime's target and drafter: (arm names, replies)."""
     lm, target = rt.model, rt.target
 
@@ -119,7 +128,8 @@ def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int,
     if isinstance(lm, SimModel) and any(a.strip().startswith("llama:") for a in arms.split(",")):
         raise InputError(f"llama: arms run llama.cpp's llama-server: they need a GGUF model, not {lm.path}")
     arm_list = cmp.make_arms(arms.split(","), target, rt.drafter, llama, lm.is_eog, model_path=lm.path,
-                             n_ctx=target.n_ctx, threads=rt.threads, memory_mb=memory_mb)
+                             n_ctx=target.n_ctx, threads=rt.threads, memory_mb=memory_mb,
+                             sampling=sampling)
     try:
         with tqdm(total=cmp.steps(convs, arm_list, warm, warm_convs), desc="compare", unit="reply", file=sys.stderr,
                   disable=None) as bar:

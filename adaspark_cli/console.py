@@ -10,10 +10,12 @@ import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Optional
 
 import orjson
 import typer
 
+from adaspark_core.engine.base import Sampling
 from adaspark_core.errors import InputError, OutputError
 
 
@@ -94,11 +96,21 @@ def histogram(counts: dict) -> str:
 MODEL = typer.Option(None, "--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct, Q4_0), or sim:CURVE, a simulated model for tests (engine/simlm.py).")
 DRAFTER = typer.Option("none", "--drafter", help="none (n-gram candidates only), dspark:FILE (a DSpark block drafter GGUF made for the model) or model:FILE (a draft model with the model's vocabulary).")
 BLOCK = typer.Option(None, "--block", min=1, help="Positions a model drafter proposes per round (B; default: a DSpark file's block size, 4 for a draft model).")
-TOP_K = typer.Option(8, "--top-k", min=1, help="Candidates a model drafter keeps per position (K).")
+TOP_K = typer.Option(8, "--draft-top-k", min=1, help="Candidates a model drafter keeps per position (K).")
 N_CTX = typer.Option(None, "--n-ctx", min=16, help="Context size (default: the model's, at most 8192).")
 THREADS = typer.Option(None, "--threads", min=1, help="CPU threads (default: all).")
 ARM = typer.Option("adaspark", "--arm", help="adaspark, cost, pinned:N, tree:N, chain:N or ar.")
 STORE = typer.Option(None, "--store", help="Learned state for the learning arms (default: one per model, drafter and machine, in the cache).")
+TEMPERATURE = typer.Option(0.0, "--temperature", min=0.0, max=2.0, help="0: greedy. Above 0: sampled, with speculation that never changes the sample (draws keyed by --seed and position).")
+SAMPLE_TOP_K = typer.Option(0, "--top-k", min=0, help="Sampling: keep the K most likely tokens (0: all).")
+TOP_P = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Sampling: keep the most likely tokens up to this mass.")
+MIN_P = typer.Option(0.0, "--min-p", min=0.0, max=1.0, help="Sampling: keep tokens at least this share of the most likely one's probability.")
+SEED = typer.Option(None, "--seed", help="Sampling: the seed (default: a random one, reported).")
 MEMORY_MB = typer.Option(64.0, "--memory-mb", min=0.0, help="Cap of the n-gram memory of earlier replies kept beside the store (learning arms with n-gram candidates); 0: no memory.")
 LOG = typer.Option(None, "--log", help="Append one JSON line per round to this file (for adaspark replay).")
+
+
+def sampling(temperature: float, top_k: int, top_p: float, min_p: float, seed: Optional[int]):
+    """The sampling the decode options ask for; None for greedy (temperature 0)."""
+    return Sampling(temperature, top_p, top_k, min_p, seed) if temperature > 0 else None
 

@@ -29,11 +29,20 @@ def decode(
     drafter: str = console.DRAFTER,
     block: Optional[int] = console.BLOCK,
     top_k: int = console.TOP_K,
+    temperature: float = console.TEMPERATURE,
+    sample_top_k: int = console.SAMPLE_TOP_K,
+    top_p: float = console.TOP_P,
+    min_p: float = console.MIN_P,
+    seed: Optional[int] = console.SEED,
 ) -> None:
     """Decode a reply to PROMPT_FILE, streaming it to stdout; a summary goes to stderr.
 
     Arms: ar, chain:N (at most N draft tokens), tree:N (N rows), pinned:N (N rows, learners on),
     cost (learned width, no n-gram), adaspark (learned width with n-gram candidates)."""
+    how = console.sampling(temperature, sample_top_k, top_p, min_p, seed)
+    if how is not None and log is not None:
+        console.fail("a sampled decode is not logged (replay re-derives every token as its row's argmax): "
+                     "drop --log or --temperature")
     text = console.read_prompt(prompt_file)
     system = console.utf8(system, "--system") if system is not None else None
     with reported(), Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k),
@@ -43,20 +52,23 @@ def decode(
         else:
             prompt = rt.chat(([{"role": "system", "content": system}] if system else [])
                              + [{"role": "user", "content": text}])
-        gen = rt.generation(prompt, max_tokens, request_id=Path(prompt_file).name)
+        gen = rt.generation(prompt, max_tokens, request_id=Path(prompt_file).name, sampling=how)
         try:
             text_out = rt.run(gen, on_text=None if as_json else _write)
         finally:
-            rt.save(rounds=gen.stats.rounds, requests=1)
+            if how is None:  # a sampled decode teaches the learners nothing (scheduler.Generation)
+                rt.save(rounds=gen.stats.rounds, requests=1)
         st = gen.stats
         if as_json:
             console.write_json({"text": text_out, "model": str(rt.model.path), "arm": rt.arm.name,
-                                "prompt_tokens": len(prompt), "finish": gen.finish, **st.to_json()})
+                                "prompt_tokens": len(prompt), "finish": gen.finish, **st.to_json(),
+                                **({"sampling": how.describe(), "seed": gen.seed} if how else {})})
             return
         _write("\n")
         tps = f"{st.decode_tps:.1f} tok/s" if st.decode_tps else "n/a (one delta)"
         typer.echo(
-            f"[{rt.arm.name}] {st.generated} tokens in {st.rounds} rounds "
+            f"[{rt.arm.name}{f', sampled: {how.describe()}, seed {gen.seed}' if how else ''}] "
+            f"{st.generated} tokens in {st.rounds} rounds "
             f"({st.tokens_per_round:.2f} tokens/round), decode {tps}, finish {gen.finish}\n"
             f"  widths (rows: rounds)      {console.histogram(st.widths)}\n"
             f"  accepted (drafts: rounds)  {console.histogram(st.accepted)}",

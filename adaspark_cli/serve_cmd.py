@@ -127,8 +127,8 @@ class Server:
         try:
             prompt = rt.tokens(req.prompt) if req.prompt is not None else rt.chat(req.messages)
             on_text = (lambda text: console.write_json({"id": req.id, "delta": text})) if req.stream else None
-            reply = serve_request(rt, prompt, req.max_tokens, req.name, on_text=on_text, cancelled=stop,
-                                  on_warning=_warn)
+            reply = serve_request(rt, prompt, req.max_tokens, req.name, stops=req.stops, sampling=req.sampling,
+                                  on_text=on_text, cancelled=stop, on_warning=_warn)
         except InputError as e:
             raise RequestError(str(e), req.id) from None
         except LogWriteError as e:
@@ -138,7 +138,7 @@ class Server:
         self.served += 1
         console.write_json({"id": req.id, "done": True, "text": reply.text, "finish": reply.finish,
                             "prompt_tokens": reply.prompt_tokens, "prompt_reused": reply.prompt_reused,
-                            "stats": reply.stats.to_json()})
+                            "stats": reply.stats_json()})
 
     def close(self) -> None:
         """Save the learned state (a request's is saved when it ends; this covers a run with none),

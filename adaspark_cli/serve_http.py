@@ -32,7 +32,7 @@ def serve(
     queue_size: int = typer.Option(8, "--queue", min=0, help="Requests that may wait while one decodes; the next gets 503."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, max=2.0,
                                       help="For requests that set none. 0: greedy, with speculation; above 0: "
-                                           "sampled at width 1 by llama.cpp's sampler."),
+                                           "sampled, with speculation that never changes the sample."),
     reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix",
                                       help="Keep the last request's KV and prefill only what follows the common "
                                            "token prefix (a conversation's next turn pays for its new text only)."),

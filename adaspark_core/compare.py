@@ -30,6 +30,7 @@ import orjson
 
 from .errors import InputError
 from .files import replace
+from .engine.base import Sampling
 from .learned import Learners
 from .memory import NgramMemory
 from .record import RoundLog
@@ -117,17 +118,18 @@ class SchedulerArm:
     from its own requests."""
 
     def __init__(self, arm: Arm, target, drafter=None, learners: Learners | None = None,
-                 memory: NgramMemory | None = None):
+                 memory: NgramMemory | None = None, sampling: Sampling | None = None):
         self.arm, self.target, self.drafter = arm, target, drafter
         self.name = arm.name
         self.learners = (learners or Learners()) if arm.learns else None
         self.memory = memory  # the arm's own n-gram memory of its earlier replies
+        self.sampling = sampling  # every reply sampled with these settings and seed (sampling.py)
         self.log = None
 
     def answer(self, prompt: list[int], max_tokens: int, request_id: str, remember: bool = True) -> Answer:
         gen = Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id,
                          learners=self.learners, drafter=self.drafter, log=self.log, memory=self.memory,
-                         remember=remember)
+                         remember=remember and self.sampling is None, sampling=self.sampling)
         st = gen.stats
         trace: list[list] = []
         for _ in gen:
@@ -178,11 +180,17 @@ class PromptLookupArm:
 
 def make_arms(specs: list[str], target, drafter, llama_factory: Callable[[], object], is_eog: Callable[[int], bool],
               learners_factory: Callable[[], Learners] = Learners, model_path=None, n_ctx: int | None = None,
-              threads: int | None = None, memory_mb: float = 0.0) -> list:
+              threads: int | None = None, memory_mb: float = 0.0, sampling: Sampling | None = None) -> list:
     """The arms ``specs`` name, in order; ar is always first (the baseline). A ``llama:`` arm is
     llama.cpp's own llama-server (adaspark_core/peer.py), run on ``model_path`` with ``n_ctx`` and
     ``threads``; call ``close_arms`` when the run ends. ``memory_mb`` > 0: each learning arm with
-    n-gram candidates keeps an n-gram memory of its own replies, of that cap (memory.py)."""
+    n-gram candidates keeps an n-gram memory of its own replies, of that cap (memory.py).
+    ``sampling``: every AdaSpark arm, ar included, samples its replies with it (the same seed, so
+    they sample the same text); the pld and llama-server peers decode greedily and are refused."""
+    if sampling is not None:
+        peers = [s.strip() for s in specs if s.strip().startswith(("pld:", "llama:"))]
+        if peers:
+            raise InputError(f"arm {peers[0]} decodes greedily: compare it at temperature 0")
     names = [s.strip() for s in specs if s.strip()]
     if "ar" in names:
         names.remove("ar")
@@ -214,7 +222,7 @@ def make_arms(specs: list[str], target, drafter, llama_factory: Callable[[], obj
             raise InputError("arm block-chain verifies a model drafter's block: give --drafter")
         remembers = arm.learns and arm.uses_ngram and memory_mb > 0
         arms.append(SchedulerArm(arm, target, drafter, learners_factory() if arm.learns else None,
-                                 NgramMemory(memory_mb) if remembers else None))
+                                 NgramMemory(memory_mb) if remembers else None, sampling))
     return arms
 
 
@@ -236,7 +244,8 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
     format adaspark_core/stats.py reads. ``repeat``: replies are decoded that many times and the
     median speed kept, with that run's trace (greedy decoding gives the same text each time).
 
-    ``warm``: first run the learning arms (those with learners: adaspark, cost, pinned:N) over the
+    ``warm``: first run the learning arms (those with learners: adaspark, cost, pinned:N; greedily,
+    also when the measured pass samples) over the
     whole workload (or over ``warm_convs``, e.g. ``first_halves(convs)`` for a held-out
     measurement) that many times, untimed and unrecorded (request ids ``warm<k>:...``), so the
     measured pass starts from the store they learned. Each record says whether its conversation
@@ -269,8 +278,15 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
         if warm > 0 and learning:
             if log_dir is not None:
                 open_logs([a for a in learning if a in logged], True)
-            for k in range(warm):
-                _pass(warmed, learning, chat_prompt, n_ctx, max_tokens, 1, progress, f"warm{k + 1}:")
+            sampled = [(a, getattr(a, "sampling", None)) for a in learning]
+            for a, _ in sampled:  # the warm passes decode greedily: sampled replies teach nothing
+                a.sampling = None
+            try:
+                for k in range(warm):
+                    _pass(warmed, learning, chat_prompt, n_ctx, max_tokens, 1, progress, f"warm{k + 1}:")
+            finally:
+                for a, how in sampled:
+                    a.sampling = how
             close_logs()
         traces = None
         if log_dir is not None:

@@ -7,20 +7,20 @@ value it cannot honour (``n`` > 1, penalties, logprobs, tools): a client is neve
 its option had been applied. Extensions of llama.cpp's servers are taken too: ``top_k``, ``min_p``.
 
 Decoding: ``temperature`` 0 (the server's default when a request sets none, ``--temperature``)
-is greedy and speculative; above 0 the request is sampled by llama.cpp's sampler chain at width 1,
-and its ``adaspark`` field says so. ``max_tokens`` unset: a chat reply runs to its end token or
+is greedy and speculative; above 0 the request is sampled, also speculatively, by draws keyed by
+its ``seed`` and the position (adaspark_core/sampling.py), and its ``adaspark`` field says so. ``max_tokens`` unset: a chat reply runs to its end token or
 the context; a completion stops at 16 tokens, OpenAI's default.
 """
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from dataclasses import dataclass
 
 import orjson
 
+from . import sampling
 from .engine.base import Sampling
 from .serving import normalize_messages
 from .service import INTERRUPTED, Reply
@@ -66,15 +66,6 @@ class CompletionRequest:
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
-    v = body.get(name)
-    if v is None:
-        return default
-    if not (_is_int(v) or isinstance(v, float)) or not math.isfinite(v) or not lo <= v <= hi:
-        raise bad(name, f"{name} must be a number from {lo:g} to {hi:g}")
-    return float(v)
 
 
 def _integer(body: dict, name: str, lo: int, default: int | None) -> int | None:
@@ -177,16 +168,10 @@ def _stops(v) -> tuple[str, ...]:
 
 
 def _sampling(body: dict, default_temperature: float) -> Sampling | None:
-    temperature = _number(body, "temperature", 0.0, 2.0, default_temperature)
-    top_p = _number(body, "top_p", 0.0, 1.0, 1.0)
-    min_p = _number(body, "min_p", 0.0, 1.0, 0.0)
-    top_k = _integer(body, "top_k", 0, 0)
-    seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise bad("seed", "seed must be an integer")
-    if temperature == 0.0:
-        return None  # greedy: the other settings change nothing, and the seed has nothing to seed
-    return Sampling(temperature, top_p, top_k, min_p, seed)
+    try:
+        return sampling.from_fields(body, default_temperature)
+    except sampling.FieldError as e:
+        raise bad(e.field, str(e)) from None
 
 
 def _include_usage(body: dict) -> bool:

@@ -28,13 +28,11 @@ from .record import RoundLog
 from .scheduler import Arm, Generation, parse_arm
 from .store import Store, default_store_path
 
-AR = parse_arm("ar")  # the arm of a sampled request
-
 
 @dataclass(frozen=True)
 class EngineOptions:
     """What the model options of every command name (``--model``, ``--n-ctx``, ``--threads``,
-    ``--drafter``, ``--block``, ``--top-k``)."""
+    ``--drafter``, ``--block``, ``--draft-top-k``)."""
 
     model: str | Path | None = None  # a GGUF file, sim:CURVE, or None for the default model
     n_ctx: int | None = None
@@ -118,14 +116,13 @@ class Runtime:
                    sampling: Sampling | None = None) -> Generation:
         """One request on the runtime's arm, learners, drafter and log. A simulated target brings
         its virtual clock; a real one is timed on the wall clock. A sampled request (``sampling``)
-        decodes at width 1 with the target's sampler, outside the arm, the learners and the log
-        (speculation is greedy only; see scheduler.Generation)."""
+        speculates as a greedy one does, with draws speculation cannot change (sampling.py); it is
+        not logged, teaches the learners nothing and adds nothing to the n-gram memory."""
         clock = getattr(self.target, "clock", time.perf_counter)
-        if sampling is not None:
-            return Generation(self.target, prompt, AR, max_tokens, request_id=request_id, clock=clock,
-                              sampling=sampling)
-        return Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id, log=self.log,
-                          clock=clock, drafter=self.drafter, learners=self.learners, memory=self.memory)
+        sampled = sampling is not None
+        return Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id,
+                          log=None if sampled else self.log, clock=clock, drafter=self.drafter,
+                          learners=self.learners, memory=self.memory, sampling=sampling, remember=not sampled)
 
     def run(self, gen: Generation, on_text: Callable[[str], None] | None = None,
             stop: Callable[[], bool] | None = None) -> str:

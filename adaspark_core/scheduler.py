@@ -13,7 +13,9 @@ are plain decoding: width 1 is a first-class width (one row, no candidates).
 
 from __future__ import annotations
 
+import copy
 import re
+import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from .errors import InputError
 from .memory import NgramMemory
 from .ngram import MEMORY, SuffixIndex
 from .record import RoundLog, RoundRecord, Timing
+from .sampling import draw
 from .tree import PICK, Candidate
 
 MAX_CHAIN_DEPTH = 32  # n-gram chains stop 32 tokens below the anchor (Table 14)
@@ -277,11 +280,10 @@ class Stats:
 
 
 class Generation:
-    """One request decoded round by round, greedily (or, with ``sampling``, at width 1 by the
-    target's own sampler: speculation is greedy only; sampled rounds are neither learned from nor
-    logged, since replay and the audit re-derive every token as the verify row's argmax). Iterate
-    it for the emitted tokens of each round (an empty list for a round that emitted nothing new,
-    e.g. only the end token); after
+    """One request decoded round by round, greedily, or with ``sampling`` by seeded draws that
+    speculation cannot change (sampling.py; such rounds are neither learned from nor logged).
+    Iterate it for the emitted tokens of each round (an empty list for a round that emitted
+    nothing new, e.g. only the end token); after
     the loop ``finish``, ``stats`` and ``tokens`` describe the reply. Every round builds its
     RoundRecord (``last_record``), which the log and, later, the online learners consume."""
 
@@ -300,8 +302,10 @@ class Generation:
         memory: NgramMemory | None = None,
         remember: bool = True,
     ):
-        if sampling is not None and (arm.max_width > 1 or arm.learns or log is not None):
-            raise InputError(f"a sampled request decodes at width 1, unlogged: arm ar and no log, not {arm.name}")
+        if sampling is not None and log is not None:
+            raise InputError("a sampled request is not logged: replay re-derives every token as its row's argmax")
+        if sampling is not None and not hasattr(target, "row_logits"):
+            raise InputError("this target has no distribution to sample from (a simulated model): use temperature 0")
         if arm.needs_tree and not target.supports_trees:
             raise InputError(f"arm {arm.name} needs tree verification, which recurrent/hybrid models cannot do; use chain:N or ar")
         if arm.max_width > 1 and not target.supports_chains:
@@ -322,8 +326,12 @@ class Generation:
         self.clock = clock
         self.prompt = list(prompt)
         self.drafter = drafter
+        # A sampled request draws each row's token from the target's distribution with noise keyed
+        # by (seed, position) (sampling.py), so speculation never changes the sample. Its rounds
+        # decide with a private copy of the learners and teach them nothing: their acceptance is
+        # not greedy acceptance, and replay re-derives only logged greedy rounds.
         self.sampling = sampling
-        self._sampler = None
+        self.seed = (sampling.seed if sampling.seed is not None else secrets.randbits(63)) if sampling else None
         self.index = SuffixIndex() if arm.uses_ngram else None
         # The n-gram memory of earlier requests: read by the fill, and given this reply when it
         # ends (unless not ``remember``: a timing repeat of a reply must not read itself).
@@ -332,7 +340,7 @@ class Generation:
         # The learners persist across requests: pass the same ones to every request.
         if learners is None and arm.learns:
             learners = Learners()
-        self.learners = learners
+        self.learners = copy.deepcopy(learners) if sampling is not None and learners is not None else learners
         self.tokens: list[int] = []  # the reply, end token excluded
         self.finish: str | None = None
         self.last_record: RoundRecord | None = None
@@ -349,8 +357,6 @@ class Generation:
             self.drafter.start(self.prompt)
         if self.learners is not None:
             self.learners.start_request()
-        if self.sampling is not None:
-            self._sampler = target.sampler(self.sampling)
         rnd = 0
         try:
             while self.finish is None:
@@ -366,9 +372,6 @@ class Generation:
             if self._unsettled is not None:
                 rec, self._unsettled = self._unsettled, None
                 self._learn_and_log(rec)
-            if self._sampler is not None:
-                self._sampler.close()
-                self._sampler = None
             if self.memory is not None and self.remember and self.tokens:
                 self.memory.add(self.tokens)
 
@@ -397,9 +400,12 @@ class Generation:
         lay = tree.layout(anchor, cands, p.chosen)  # rows depth first
         t1 = self.clock()
         ver = target.verify(lay)
-        path_rows, bonus = tree.accept_walk(lay, ver.argmax)
-        if self._sampler is not None:  # width 1: no path, the next token is drawn from row 0
-            bonus = self._sampler.sample(0)
+        if self.sampling is None:
+            path_rows, bonus = tree.accept_walk(lay, ver.argmax)
+        else:  # each row's token drawn, lazily: the walk reads only the rows on its path
+            drawn = Draws(target.row_logits(), self.sampling, self.seed, target.n_past, lay.depth)
+            path_rows, bonus = tree.accept_walk(lay, drawn)
+            ver.argmax = drawn.as_list()
         accepted = [lay.token[r] for r in path_rows] + [bonus]
         budget = self.max_tokens - len(self.tokens)
         n_commit, finish = stop_cut(accepted, target.is_eog, budget)
@@ -461,13 +467,31 @@ class Generation:
         return emitted
 
     def _learn_and_log(self, rec: RoundRecord) -> None:
-        if self.arm.learns:
+        if self.arm.learns and self.sampling is None:
             t0 = self.clock()
             self.learners.learn(rec)
             # No learner reads this field: it is filled after they learned, for the log's reader.
             rec.times.learn = (self.clock() - t0) * 1e3
         if self.log is not None:
             self.log.write(rec)
+
+
+class Draws:
+    """A sampled verify's token per row, drawn when first read (sampling.draw at the row's
+    position); ``as_list`` gives -1 for the rows never read."""
+
+    def __init__(self, logits, sampling: Sampling, seed: int, pos0: int, depth: list[int]):
+        self.logits, self.sampling, self.seed, self.pos0, self.depth = logits, sampling, seed, pos0, depth
+        self._got: dict[int, int] = {}
+
+    def __getitem__(self, row: int) -> int:
+        t = self._got.get(row)
+        if t is None:
+            t = self._got[row] = draw(self.logits[row], self.sampling, self.seed, self.pos0 + self.depth[row])
+        return t
+
+    def as_list(self) -> list[int]:
+        return [self._got.get(r, -1) for r in range(len(self.depth))]
 
 
 def run(target: Target, prompt: list[int], arm: Arm, max_tokens: int, **kw) -> Generation:

@@ -66,13 +66,17 @@ class Reply:
     stats: Stats
     arm: str
     sampling: Sampling | None
+    seed: int | None = None  # a sampled reply's seed (the request's, or the one drawn for it)
 
     def stats_json(self) -> dict:
         """AdaSpark's own account of the reply: how it was decoded and what speculation gave."""
         how = ("greedy, speculative" if self.sampling is None else
-               f"sampled ({self.sampling.describe()}) at width 1 by llama.cpp's sampler: "
-               "speculation is greedy only, so this reply was not sped up")
-        return {"arm": self.arm, "decoding": how, "prompt_reused": self.prompt_reused, **self.stats.to_json()}
+               f"sampled ({self.sampling.describe()}), speculative: draws keyed by seed and position, "
+               "so the sample is the one plain decoding with this seed gives")
+        out = {"arm": self.arm, "decoding": how, "prompt_reused": self.prompt_reused, **self.stats.to_json()}
+        if self.seed is not None:
+            out["seed"] = self.seed
+        return out
 
 
 def serve_request(rt: Runtime, prompt: list[int], max_tokens: int, name: str, *,
@@ -98,7 +102,7 @@ def serve_request(rt: Runtime, prompt: list[int], max_tokens: int, name: str, *,
     try:
         rt.run(gen, on_text=settled, stop=stop)
     finally:
-        if gen.stats.rounds:
+        if gen.stats.rounds and sampling is None:  # a sampled reply teaches the learners nothing
             keep(rt, gen.stats.rounds, 1, on_warning)
     rest = scan.flush()
     if rest and on_text is not None:
@@ -107,8 +111,7 @@ def serve_request(rt: Runtime, prompt: list[int], max_tokens: int, name: str, *,
         finish = "stop"
     else:
         finish = gen.finish or INTERRUPTED
-    return Reply(scan.text, finish, len(prompt), rt.target.reused, gen.stats,
-                 "ar" if sampling is not None else rt.arm.name, sampling)
+    return Reply(scan.text, finish, len(prompt), rt.target.reused, gen.stats, rt.arm.name, sampling, gen.seed)
 
 
 def keep(rt: Runtime, rounds: int, requests: int, on_warning: Callable[[str], None] | None) -> None:

@@ -7,7 +7,10 @@
 ``messages`` through the model's chat template (a multi-turn conversation carries its own
 history: the client feeds each reply back as an assistant message); exactly one of the two.
 ``max_tokens`` (default: the server's) caps the reply; ``stream`` asks for one line per delta
-before the final line. Any other field is refused, so a misspelt option is not silently ignored.
+before the final line; ``stop`` (a string or a list) cuts the reply before the first stop string;
+``temperature`` (default 0: greedy), ``top_k``, ``top_p``, ``min_p`` and ``seed`` sample it
+(adaspark_core/sampling.py). Any other field is refused, so a misspelt option is not silently
+ignored.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from dataclasses import dataclass
 
 import orjson
 
-FIELDS = ("id", "prompt", "messages", "max_tokens", "stream")
+from . import sampling
+from .engine.base import Sampling
+
+FIELDS = ("id", "prompt", "messages", "max_tokens", "stream", "stop", *sampling.FIELDS)
 ROLES = ("system", "user", "assistant", "tool")
 ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
 MAX_ID_CHARS = 200
@@ -37,6 +43,8 @@ class Request:
     messages: list[dict] | None
     max_tokens: int
     stream: bool
+    stops: tuple[str, ...] = ()
+    sampling: Sampling | None = None  # None: greedy
 
     @property
     def name(self) -> str:
@@ -80,7 +88,15 @@ def parse_request(line: bytes | str, default_max_tokens: int, number: int) -> Re
     stream = obj.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError("stream must be true or false", rid)
-    return Request(rid, prompt, messages, max_tokens, stream)
+    stop = obj.get("stop", [])
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops):
+        raise RequestError("stop must be a non-empty string or a list of them", rid)
+    try:
+        how = sampling.from_fields(obj)
+    except sampling.FieldError as e:
+        raise RequestError(str(e), rid) from None
+    return Request(rid, prompt, messages, max_tokens, stream, tuple(stops), how)
 
 
 def normalize_messages(messages) -> list[dict]:

@@ -185,7 +185,7 @@ def test_bad_drafters(tmp_path, default_model_path):
 @pytest.mark.model
 def test_decode_with_a_draft_model(default_model_path):
     res = adaspark("decode", PROMPTS / "rewrite.txt", "--arm", "tree:8", "--drafter", f"model:{default_model_path}",
-                   "--block", 3, "--top-k", 2, "-n", 40, "--json")
+                   "--block", 3, "--draft-top-k", 2, "-n", 40, "--json")
     assert res.returncode == 0, res.stderr
     out = orjson.loads(res.stdout)
     assert out["generated_tokens"] == 40 and out["tokens_per_round"] > 2

@@ -11,6 +11,7 @@ import time
 import orjson
 import pytest
 
+from adaspark_core.engine.base import Sampling
 from adaspark_core.record import read_log
 from adaspark_core.replay import replay
 from adaspark_core.serving import RequestError, parse_request
@@ -24,13 +25,17 @@ CMD = [sys.executable, "-m", "adaspark_cli.main", "serve-stdin"]
 def test_requests_are_parsed_and_bad_ones_named():
     r = parse_request(b'{"id": "x", "prompt": "hi", "max_tokens": 5, "stream": true}', 64, 1)
     assert (r.id, r.prompt, r.messages, r.max_tokens, r.stream) == ("x", "hi", None, 5, True)
+    r = parse_request('{"prompt": "hi", "stop": "\\n", "temperature": 0.5, "top_k": 4, "seed": 2}', 64, 1)
+    assert r.stops == ("\n",) and r.sampling == Sampling(0.5, top_k=4, seed=2)
     r = parse_request('{"messages": [{"role": "user", "content": "hi"}]}', 64, 7)
     assert (r.id, r.max_tokens, r.stream, r.name) == ("req-7", 64, False, "req-7")
     bad = {
         b"not json": (None, "not a JSON object"),
         b"[1, 2]": (None, "a request is a JSON object"),
         b'{"id": true, "prompt": "a"}': (None, "id must be"),
-        b'{"id": 3, "prompt": "a", "temperature": 0.7}': (3, "unknown field temperature"),
+        b'{"id": 3, "prompt": "a", "temprature": 0.7}': (3, "unknown field temprature"),
+        b'{"id": 3, "prompt": "a", "temperature": 9}': (3, "temperature must be a number from 0 to 2"),
+        b'{"id": 3, "prompt": "a", "stop": 5}': (3, "stop must be"),
         b'{"id": 3}': (3, "either a prompt or messages"),
         b'{"id": 3, "prompt": "a", "messages": []}': (3, "either a prompt or messages"),
         b'{"id": 3, "prompt": "  "}': (3, "prompt must be non-empty"),
@@ -71,7 +76,7 @@ def test_a_stream_of_requests_with_bad_lines_is_served_and_learned_into_the_stor
             lines.append("{this is not json\n")
             expected.append(("error", None))
         if i == 7:
-            lines.append(request("bad-opt", prompt="a", top_p=0.9))
+            lines.append(request("bad-opt", prompt="a", top_pp=0.9))
             expected.append(("error", "bad-opt"))
         if i == 15:
             lines.append(request("too-long", prompt="word " * 5000))  # longer than --n-ctx

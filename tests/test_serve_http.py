@@ -179,14 +179,16 @@ def test_the_openai_client_chats_streams_and_completes(served, lm):
 
 
 @pytest.mark.model
-def test_a_sampled_request_is_seeded_and_says_it_was_not_sped_up(served):
+def test_a_sampled_request_is_seeded_and_says_how_it_was_drawn(served):
     client = served.client()
     ask = dict(model="m", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=16,
                temperature=0.9, top_p=0.95, seed=7)
     a, b = (client.chat.completions.create(**ask) for _ in range(2))
     assert a.choices[0].message.content == b.choices[0].message.content
     stats = a.model_extra["adaspark"]
-    assert stats["decoding"].startswith("sampled (temperature 0.9, top_p 0.95)") and set(stats["widths"]) == {"1"}
+    assert stats["decoding"].startswith("sampled (temperature 0.9, top_p 0.95)") and stats["seed"] == 7
+    unseeded = client.chat.completions.create(**{**ask, "seed": None}).model_extra["adaspark"]
+    assert isinstance(unseeded["seed"], int)  # the seed drawn for it, to reproduce it
 
 
 @pytest.mark.model

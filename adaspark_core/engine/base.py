@@ -20,8 +20,9 @@ class Verified:
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """A sampled request's settings, applied as llama.cpp's sampler chain applies them: top-k,
-    top-p, min-p, then temperature, then a draw seeded by ``seed`` (None: a random seed)."""
+    """A sampled request's settings, applied in the order of llama.cpp's sampler chain: top-k,
+    top-p, min-p, then temperature, then a draw keyed by ``seed`` (None: a random seed) and the
+    position (sampling.py)."""
 
     temperature: float
     top_p: float = 1.0
@@ -38,13 +39,6 @@ class Sampling:
         if self.min_p > 0:
             parts.append(f"min_p {self.min_p:g}")
         return ", ".join(parts)
-
-
-class Sampler(Protocol):
-    def sample(self, row: int) -> int:
-        """A token drawn from the last verify's row ``row``."""
-
-    def close(self) -> None: ...
 
 
 class Target(Protocol):
@@ -72,8 +66,8 @@ class Target(Protocol):
         """Keep the anchor and ``keep_rows`` (a path from it) in the KV cache, drop every other
         row, and make ``next_anchor`` the new anchor. Returns the milliseconds it took."""
 
-    def sampler(self, sampling: Sampling) -> Sampler:
-        """A sampler drawing from this target's verify rows (a sampled request decodes at width 1)."""
+    # A target that can serve sampled requests also has ``row_logits()``: the last verify's
+    # logits, one row per verified row (engine/llama.py).
 
 
 class Drafter(Protocol):

@@ -68,7 +68,7 @@ class ModelDrafter:
     def __init__(self, target: LlamaModel, draft: LlamaModel, n_ctx: int, threads: int | None = None,
                  block: int = 4, top_k: int = 8):
         if block < 1 or top_k < 1:
-            raise InputError("--block and --top-k must be at least 1")
+            raise InputError("--block and --draft-top-k must be at least 1")
         check_same_vocab(target, draft)
         self.model = draft
         self.B, self.K = block, top_k
@@ -140,7 +140,7 @@ class DSparkDrafter:
             raise InputError(f"--block {block}: the DSpark drafter {draft.path.name} proposes at most "
                              f"{self.ctx.block_size} positions (its block size)")
         if top_k < 1:
-            raise InputError("--top-k must be at least 1")
+            raise InputError("--draft-top-k must be at least 1")
         self.model = draft
         self.target = target
         self.B, self.K = block or self.ctx.block_size, top_k

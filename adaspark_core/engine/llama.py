@@ -32,7 +32,7 @@ import llama_cpp as L
 
 from ..errors import InputError
 from ..tree import Layout
-from .base import Sampling, Verified
+from .base import Verified
 from .bindings import (HIDDEN_STATE_ARCHS, MAX_SEQ, UINT32_MAX, FreedWithObject, ext, init_backend,
                        check_gguf, thread_count)
 
@@ -420,9 +420,6 @@ class LlamaTarget(FreedWithObject):
         self.anchor = next_anchor
         return (time.perf_counter() - t0) * 1e3
 
-    def sampler(self, sampling: Sampling) -> "LlamaSampler":
-        return LlamaSampler(self.ctx, sampling)
-
     def discard(self, lay: Layout) -> None:
         """Undo a verify without committing anything: the KV cache is as before it."""
         if lay.is_chain:
@@ -466,6 +463,11 @@ class LlamaTarget(FreedWithObject):
 
     # --- inspection (tests, profile) -----------------------------------------------------------
 
+    def row_logits(self) -> np.ndarray:
+        """The last verify's logits, one row per verified row: a view, valid until the next
+        decode (a sampled round draws its tokens from it)."""
+        return self._logits(self._last_rows)
+
     def last_logits(self) -> np.ndarray:
         """A copy of the last verify's logits, one row per verified row (tests compare them)."""
         return self._logits(self._last_rows).copy()
@@ -493,34 +495,6 @@ class LlamaTarget(FreedWithObject):
     def seq_state_bytes(self, seq: int = 0) -> int:
         """Size of sequence ``seq``'s saved state: affine in the number of cells it holds."""
         return L.llama_state_seq_get_size(self.ctx, seq)
-
-
-class LlamaSampler(FreedWithObject):
-    """llama.cpp's own sampler chain (top-k, top-p, min-p, temperature, seeded draw), drawing
-    from the rows of a target's last verify."""
-
-    def __init__(self, ctx, s: Sampling):
-        self.ctx = ctx
-        self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        steps = []
-        if s.top_k > 0:
-            steps.append(L.llama_sampler_init_top_k(s.top_k))
-        if s.top_p < 1.0:
-            steps.append(L.llama_sampler_init_top_p(s.top_p, 1))
-        if s.min_p > 0.0:
-            steps.append(L.llama_sampler_init_min_p(s.min_p, 1))
-        steps.append(L.llama_sampler_init_temp(s.temperature))
-        steps.append(L.llama_sampler_init_dist(L.LLAMA_DEFAULT_SEED if s.seed is None else s.seed & UINT32_MAX))
-        for step in steps:  # the chain owns its steps and frees them with itself
-            L.llama_sampler_chain_add(self.chain, step)
-
-    def sample(self, row: int) -> int:
-        return int(L.llama_sampler_sample(self.chain, self.ctx, row))
-
-    def close(self) -> None:
-        if getattr(self, "chain", None):
-            L.llama_sampler_free(self.chain)
-            self.chain = None
 
 
 class LlamaSequence(FreedWithObject):

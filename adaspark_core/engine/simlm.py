@@ -106,9 +106,6 @@ class SimLMTarget:
     def tokenize(self, text: str, special: bool = True) -> list[int]:
         return self.model.tokenize(text, special)
 
-    def sampler(self, sampling) -> None:
-        raise InputError(f"a simulated model ({self.model.path}) has no distribution to sample from: use temperature 0")
-
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         return self.model.chat_prompt(messages)
 

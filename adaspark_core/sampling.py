@@ -1,0 +1,147 @@
+"""Sampling that speculation cannot change (issue 17, first part).
+
+A sampled request's token at position ``pos`` is drawn from the target's distribution at that
+position (top-k, then top-p, then min-p, then temperature, in the order of llama.cpp's sampler
+chain) by the Gumbel-max trick: the kept token with the largest ``logit / T + g``, where ``g`` is
+Gumbel noise keyed by (seed, position, token id) alone. So the token a verify row yields is a
+function of the row's logits and its position, never of the tree around it: a candidate is
+accepted iff it equals its parent row's draw, and a speculative decode emits exactly the tokens a
+one-row-per-round decode with the same seed emits. Where kernels of other shapes give slightly
+other logits, a draw can differ only where the two best perturbed scores nearly tie: the greedy
+near-tie rule (paper 3.5) applied to the perturbed scores. (Inverse-CDF sampling was tried first:
+it splits wherever any two tokens swap rank, far more often.) For deterministic proposals
+(n-gram nodes, top-K picks) this accepts each child x of an accepted parent with probability
+p(x), as recursive rejection sampling with q = 1 on the proposed token does, and the output
+distribution is the target's own.
+
+Everything here is pure numpy; the scheduler draws from its verify rows (scheduler.Draws).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .engine.base import Sampling
+
+_MASK = (1 << 64) - 1
+_PREFILTER = 1024  # top-p looks at the most likely tokens first; the whole vocabulary only if they fall short
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _mix_int(z: int) -> int:
+    """splitmix64 (increment and finaliser) on one Python int."""
+    z = (z + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def gumbel(seed: int, pos: int, ids: np.ndarray) -> np.ndarray:
+    """Standard Gumbel noise for tokens ``ids`` at position ``pos`` of a request seeded ``seed``:
+    a counter-based hash of (seed, position, token), so any row at that position draws the same."""
+    key = np.uint64(_mix_int((_mix_int(seed & _MASK) + pos) & _MASK))  # mixed: no linear relation between keys
+    z = _mix((np.asarray(ids, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ key)
+    u = ((z >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)  # in (0, 1)
+    return -np.log(-np.log(u))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def kept(logits: np.ndarray, s: Sampling) -> np.ndarray:
+    """The token ids the chain keeps (top-k, top-p over what is left, min-p), by decreasing logit
+    when anything is cut, else every id in order."""
+    x = np.asarray(logits, dtype=np.float64)
+    n = len(x)
+    if s.top_k <= 0 and s.top_p >= 1.0 and s.min_p <= 0.0:
+        return np.arange(n)
+    if 0 < s.top_k < n:
+        ids = np.argpartition(x, n - s.top_k)[n - s.top_k :]
+    elif s.top_p < 1.0 and n > _PREFILTER:
+        ids = np.argpartition(x, n - _PREFILTER)[n - _PREFILTER :]
+    else:
+        ids = np.arange(n)
+    ids = ids[np.argsort(-x[ids], kind="stable")]
+    if s.top_p < 1.0:
+        # llama.cpp's top-p: the softmax of the candidates left so far; keep the shortest prefix
+        # whose mass reaches p (at least one token)
+        if 0 < s.top_k < n:
+            p = _softmax(x[ids])
+        else:
+            p = np.exp(x[ids] - x[ids[0]]) / np.exp(x - x[ids[0]]).sum()  # over the whole vocabulary
+        cum = np.cumsum(p)
+        if cum[-1] < s.top_p and len(ids) < n:  # the prefilter fell short: sort everything
+            ids = np.argsort(-x, kind="stable")
+            cum = np.cumsum(_softmax(x[ids]))
+        ids = ids[: int(np.searchsorted(cum, s.top_p, side="left")) + 1]
+    if s.min_p > 0.0:
+        ids = ids[x[ids] >= x[ids[0]] + math.log(s.min_p)]
+    return ids
+
+
+def distribution(logits: np.ndarray, s: Sampling) -> tuple[np.ndarray, np.ndarray]:
+    """(the kept token ids, their probabilities): the distribution a draw follows."""
+    ids = kept(logits, s)
+    return ids, _softmax(np.asarray(logits, dtype=np.float64)[ids] / s.temperature)
+
+
+def scores(logits: np.ndarray, s: Sampling, seed: int, pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kept ids, their perturbed scores logit / T + Gumbel noise): the draw is the best."""
+    ids = kept(logits, s)
+    return ids, np.asarray(logits, dtype=np.float64)[ids] / s.temperature + gumbel(seed, pos, ids)
+
+
+def draw(logits: np.ndarray, s: Sampling, seed: int, pos: int) -> int:
+    """The token at position ``pos`` (Gumbel-max over the chain's kept tokens)."""
+    ids, sc = scores(logits, s, seed, pos)
+    return int(ids[int(np.argmax(sc))])
+
+
+# --- a request's sampling fields (serve-stdin and serve) ---------------------------------------------
+
+FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed")
+
+
+class FieldError(ValueError):
+    """A sampling field with a wrong value; ``field`` names it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        raise FieldError(name, f"{name} must be a number from {lo:g} to {hi:g}")
+    return float(v)
+
+
+def from_fields(body: dict, default_temperature: float = 0.0) -> Sampling | None:
+    """The sampling a request's fields ask for (``FIELDS``; unset or null: the default), None for
+    greedy decoding (temperature 0: the other settings change nothing, the seed seeds nothing);
+    FieldError naming the first wrong field."""
+    temperature = _number(body, "temperature", 0.0, 2.0, default_temperature)
+    top_p = _number(body, "top_p", 0.0, 1.0, 1.0)
+    min_p = _number(body, "min_p", 0.0, 1.0, 0.0)
+    top_k, seed = body.get("top_k"), body.get("seed")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+        raise FieldError("top_k", "top_k must be an integer of at least 0 (0: off)")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise FieldError("seed", "seed must be an integer")
+    if temperature == 0.0:
+        return None
+    return Sampling(temperature, top_p, top_k or 0, min_p, seed)
+

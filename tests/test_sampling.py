@@ -1,0 +1,110 @@
+"""Sampling that speculation cannot change (issue 17, first part; adaspark_core/sampling.py): the
+sampler chain's distribution against a plain reference of llama.cpp's chain, the draw's exact
+distribution, and on the real model a speculative sampled decode that gives the very tokens a
+one-row-per-round decode with the same seed gives."""
+
+import math
+
+import numpy as np
+import pytest
+
+from adaspark_core.engine.base import Sampling
+from adaspark_core.sampling import distribution, draw, gumbel, scores
+
+from conftest import NEAR_TIE, PROMPTS
+
+
+def reference(logits, s: Sampling) -> np.ndarray:
+    """llama.cpp's chain, written plainly: top-k, top-p (softmax of what is left, shortest prefix
+    reaching p), min-p (p >= min_p x the top p), temperature, softmax. A full distribution."""
+    x = np.asarray(logits, dtype=np.float64)
+    order = sorted(range(len(x)), key=lambda i: -x[i])
+    if s.top_k > 0:
+        order = order[: s.top_k]
+    if s.top_p < 1:
+        e = [math.exp(x[i] - x[order[0]]) for i in order]
+        cum, keep = 0.0, []
+        for i, w in zip(order, e):
+            keep.append(i)
+            cum += w / sum(e)
+            if cum >= s.top_p:
+                break
+        order = keep
+    if s.min_p > 0:
+        order = [i for i in order if math.exp(x[i] - x[order[0]]) >= s.min_p]
+    w = np.array([math.exp((x[i] - x[order[0]]) / s.temperature) for i in order])
+    out = np.zeros(len(x))
+    out[order] = w / w.sum()
+    return out
+
+
+SETTINGS = [Sampling(0.7), Sampling(1.0, top_k=5), Sampling(0.8, top_p=0.9), Sampling(1.3, min_p=0.05),
+            Sampling(0.7, top_p=0.95, top_k=40, min_p=0.02), Sampling(0.5, top_p=0.5)]
+
+
+@pytest.mark.parametrize("s", SETTINGS, ids=lambda s: s.describe())
+def test_the_chains_distribution_is_llama_cpps(s):
+    rng = np.random.default_rng(3)
+    for n in (50, 3000):
+        logits = rng.normal(0, 3, n).astype(np.float32)
+        ids, p = distribution(logits, s)
+        got = np.zeros(n)
+        got[ids] = p
+        assert np.allclose(got, reference(logits, s), atol=1e-9)
+
+
+def test_top_p_reaches_past_the_prefilter_when_the_head_is_flat():
+    logits = np.linspace(0.0, 0.01, 5000).astype(np.float32)  # almost flat: top-p 0.5 keeps about 2,500
+    s = Sampling(1.0, top_p=0.5)
+    ids, p = distribution(logits, s)
+    got = np.zeros(len(logits))
+    got[ids] = p
+    assert len(ids) > 2000 and np.allclose(got, reference(logits, s), atol=1e-12)
+
+
+def test_draws_follow_the_chains_distribution_and_are_keyed_by_seed_and_position():
+    logits = np.array([2.0, 1.0, 0.5, 0.0, -1.0, -3.0], dtype=np.float32)
+    for s in (Sampling(0.9, top_p=0.97), Sampling(1.0), Sampling(0.6, top_k=3)):
+        n = 40_000  # enough to see a total variation of 1%
+        counts = np.zeros(len(logits))
+        for pos in range(n):
+            counts[draw(logits, s, seed=7, pos=pos)] += 1
+        assert 0.5 * np.abs(counts / n - reference(logits, s)).sum() < 0.01, s
+    ids = np.arange(50_000)
+    g = gumbel(3, 9, ids)
+    assert abs(g.mean() - 0.5772) < 0.02 and abs(g.var() - math.pi ** 2 / 6) < 0.05  # standard Gumbel
+    assert np.array_equal(gumbel(3, 9, ids[[5, 7]]), g[[5, 7]])  # a token's noise, whatever else is drawn
+    assert abs(np.corrcoef(g, gumbel(3, 10, ids))[0, 1]) < 0.02  # the next position: independent
+    assert abs(np.corrcoef(g, gumbel(4, 9, ids))[0, 1]) < 0.02  # another seed: independent
+    assert abs(np.corrcoef(g[1:], gumbel(3, 10, ids)[:-1])[0, 1]) < 0.02  # no shifted copies
+
+
+@pytest.mark.model
+def test_speculation_never_changes_a_seeded_sample(lm, target):
+    from adaspark_core.engine.llama import score
+    from adaspark_core.learned import Learners
+    from adaspark_core.scheduler import parse_arm, run
+
+    prompt = lm.chat_prompt([{"role": "user", "content": (PROMPTS / "rewrite.txt").read_text()}])
+    s = Sampling(0.8, top_p=0.95, seed=11)
+    plain = run(target, prompt, parse_arm("ar"), 64, sampling=s)
+    assert plain.seed == 11 and set(plain.stats.widths) == {1}
+    warm = Learners()  # sampled rounds decide with a copy of the learners and teach them nothing
+    run(target, prompt, parse_arm("adaspark"), 64, learners=warm)
+    before = warm.state()
+    for arm in ("chain:4", "tree:8", "adaspark"):
+        spec = run(target, prompt, parse_arm(arm), 64, sampling=s, learners=warm if arm == "adaspark" else None)
+        assert max(spec.stats.widths) > 1, arm  # it did speculate
+        if spec.tokens != plain.tokens:
+            # only where kernels of other shapes moved a CDF edge across the position's uniform
+            i = next((i for i, (a, b) in enumerate(zip(spec.tokens, plain.tokens)) if a != b),
+                     min(len(spec.tokens), len(plain.tokens)))
+            row = score(lm, prompt + plain.tokens[:i])[-1]
+            _, sc = scores(row, s, 11, len(prompt) - 1 + i)
+            top2 = np.sort(sc)[-2:]
+            assert top2[1] - top2[0] < NEAR_TIE, (arm, i)  # the greedy rule on the perturbed scores
+    assert warm.state() == before
+    other = run(target, prompt, parse_arm("ar"), 64, sampling=Sampling(0.8, top_p=0.95, seed=12))
+    assert other.tokens != plain.tokens  # another seed, another sample
+    greedy = run(target, prompt, parse_arm("ar"), 64)
+    assert greedy.tokens != plain.tokens and greedy.seed is None
