@@ -56,7 +56,7 @@ def decode(
         try:
             text_out = rt.run(gen, on_text=None if as_json else _write)
         finally:
-            if how is None:  # a sampled decode teaches the learners nothing (scheduler.Generation)
+            if how is None:  # a sampled decode teaches only a copy of the learners (Runtime.generation)
                 rt.save(rounds=gen.stats.rounds, requests=1)
         st = gen.stats
         if as_json:

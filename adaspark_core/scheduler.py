@@ -13,7 +13,6 @@ are plain decoding: width 1 is a first-class width (one row, no candidates).
 
 from __future__ import annotations
 
-import copy
 import re
 import secrets
 import time
@@ -281,7 +280,8 @@ class Stats:
 
 class Generation:
     """One request decoded round by round, greedily, or with ``sampling`` by seeded draws that
-    speculation cannot change (sampling.py; such rounds are neither learned from nor logged).
+    speculation cannot change (sampling.py; such rounds are not logged, and teach the sampled
+    regime's learners).
     Iterate it for the emitted tokens of each round (an empty list for a round that emitted
     nothing new, e.g. only the end token); after
     the loop ``finish``, ``stats`` and ``tokens`` describe the reply. Every round builds its
@@ -327,9 +327,10 @@ class Generation:
         self.prompt = list(prompt)
         self.drafter = drafter
         # A sampled request draws each row's token from the target's distribution with noise keyed
-        # by (seed, position) (sampling.py), so speculation never changes the sample. Its rounds
-        # decide with a private copy of the learners and teach them nothing: their acceptance is
-        # not greedy acceptance, and replay re-derives only logged greedy rounds.
+        # by (seed, position) (sampling.py), so speculation never changes the sample. Its rounds are
+        # not logged (replay re-derives greedy rounds only) and teach the ``learners`` they are
+        # given, which must be the sampled regime's own (Runtime.generation, compare.SchedulerArm):
+        # sampled acceptance is not greedy acceptance.
         self.sampling = sampling
         self.seed = (sampling.seed if sampling.seed is not None else secrets.randbits(63)) if sampling else None
         self.index = SuffixIndex() if arm.uses_ngram else None
@@ -340,7 +341,7 @@ class Generation:
         # The learners persist across requests: pass the same ones to every request.
         if learners is None and arm.learns:
             learners = Learners()
-        self.learners = copy.deepcopy(learners) if sampling is not None and learners is not None else learners
+        self.learners = learners
         self.tokens: list[int] = []  # the reply, end token excluded
         self.finish: str | None = None
         self.last_record: RoundRecord | None = None
@@ -467,7 +468,7 @@ class Generation:
         return emitted
 
     def _learn_and_log(self, rec: RoundRecord) -> None:
-        if self.arm.learns and self.sampling is None:
+        if self.arm.learns:
             t0 = self.clock()
             self.learners.learn(rec)
             # No learner reads this field: it is filled after they learned, for the log's reader.
