@@ -281,10 +281,9 @@ class Stats:
 class Generation:
     """One request decoded round by round, greedily, or with ``sampling`` by seeded draws that
     speculation cannot change (sampling.py; such rounds are not logged, and teach the sampled
-    regime's learners).
-    Iterate it for the emitted tokens of each round (an empty list for a round that emitted
-    nothing new, e.g. only the end token); after
-    the loop ``finish``, ``stats`` and ``tokens`` describe the reply. Every round builds its
+    regime's learners). Iterate it for the emitted tokens of each round (an empty list for a
+    round that emitted nothing new, e.g. only the end token); after the loop ``finish``,
+    ``stats`` and ``tokens`` describe the reply. Every round builds its
     RoundRecord (``last_record``), which the log and, later, the online learners consume."""
 
     def __init__(
