@@ -29,9 +29,9 @@ from typing import Callable
 
 import orjson
 
+from .engine.base import Sampling
 from .errors import InputError
 from .files import replace
-from .engine.base import Sampling
 from .learned import Learners
 from .memory import NgramMemory
 from .record import RoundLog
@@ -252,11 +252,11 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
     median speed kept, with that run's trace (greedy decoding gives the same text each time).
 
     ``warm``: first run the learning arms (those with learners: adaspark, cost, pinned:N; greedily,
-    also when the measured pass samples) over the
-    whole workload (or over ``warm_convs``, e.g. ``first_halves(convs)`` for a held-out
-    measurement) that many times, untimed and unrecorded (request ids ``warm<k>:...``), so the
-    measured pass starts from the store they learned. Each record says whether its conversation
-    was in the warm passes (``warmed``). ``log_dir``: a round log per scheduler arm
+    also when the measured pass samples) over the whole workload (or over ``warm_convs``, e.g.
+    ``first_halves(convs)`` for a held-out measurement) that many times, untimed and unrecorded
+    (request ids ``warm<k>:...``), so the measured pass starts from the store they learned. Each
+    record says whether its conversation was in the warm passes (``warmed``). ``log_dir``: a
+    round log per scheduler arm
     of the measured pass, ``<arm>.jsonl`` (``:`` as ``_``), and of the warm passes,
     ``warm-<arm>.jsonl``; each file is started afresh. A log holds one arm, so ``adaspark replay``
     drives one set of fresh learners through it, as the run did (after the warm log, if any). With
@@ -286,7 +286,7 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
             if log_dir is not None:
                 open_logs([a for a in learning if a in logged], True)
             sampled = [(a, getattr(a, "sampling", None)) for a in learning]
-            for a, _ in sampled:  # the warm passes decode greedily: sampled replies teach nothing
+            for a, _ in sampled:  # the warm passes decode greedily: the sampled learners start from theirs
                 a.sampling = None
             try:
                 for k in range(warm):
