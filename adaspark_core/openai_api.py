@@ -22,11 +22,10 @@ import orjson
 
 from . import sampling
 from .engine.base import Sampling
-from .serving import normalize_messages
+from .serving import normalize_messages, stop_strings
 from .service import INTERRUPTED, Reply
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-MAX_STOPS = 16
 EXTENSION = "adaspark"  # the response field with AdaSpark's own statistics
 
 # What a finished reply's finish becomes in OpenAI's vocabulary: a full context is a length stop,
@@ -159,12 +158,10 @@ def _prompt(v) -> str | list[int]:
 
 
 def _stops(v) -> tuple[str, ...]:
-    if v is None:
-        return ()
-    stops = [v] if isinstance(v, str) else v
-    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
-        raise bad("stop", f"stop must be a non-empty string or a list of at most {MAX_STOPS} of them")
-    return tuple(stops)
+    try:
+        return stop_strings(v)
+    except ValueError as e:
+        raise bad("stop", str(e)) from None
 
 
 def _sampling(body: dict, default_temperature: float) -> Sampling | None:

@@ -136,7 +136,7 @@ def parse_arm(spec: str, max_width: int = 64) -> Arm:
 
 
 def draft(drafter: Drafter | None, index: SuffixIndex | None, depth_limit: int, max_alts: int,
-          picks_only: bool = False, memory=None) -> list[Candidate]:
+          picks_only: bool = False, memory: NgramMemory | None = None) -> list[Candidate]:
     """Candidates for one round, unpriced: the drafter's (its picks alone, re-linked as a chain,
     when ``picks_only``), then the n-gram fill (when an index is given): chains from the anchor
     and from each pick, and up to ``max_alts`` sibling chains, from the request's own text or

@@ -88,15 +88,25 @@ def parse_request(line: bytes | str, default_max_tokens: int, number: int) -> Re
     stream = obj.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError("stream must be true or false", rid)
-    stop = obj.get("stop", [])
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops):
-        raise RequestError("stop must be a non-empty string or a list of them", rid)
     try:
+        stops = stop_strings(obj.get("stop"))
         how = sampling.from_fields(obj)
-    except sampling.FieldError as e:
+    except ValueError as e:
         raise RequestError(str(e), rid) from None
-    return Request(rid, prompt, messages, max_tokens, stream, tuple(stops), how)
+    return Request(rid, prompt, messages, max_tokens, stream, stops, how)
+
+
+MAX_STOPS = 16
+
+
+def stop_strings(v) -> tuple[str, ...]:
+    """A request's ``stop``: a string or a list of them (None: none); ValueError otherwise."""
+    if v is None:
+        return ()
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(x, str) and x for x in stops):
+        raise ValueError(f"stop must be a non-empty string or a list of at most {MAX_STOPS} of them")
+    return tuple(stops)
 
 
 def normalize_messages(messages) -> list[dict]:

@@ -80,6 +80,16 @@ def test_draws_follow_the_chains_distribution_and_are_keyed_by_seed_and_position
     assert abs(np.corrcoef(g[1:], gumbel(3, 10, ids)[:-1])[0, 1]) < 0.02  # no shifted copies
 
 
+def test_the_fast_draw_is_the_best_perturbed_score_among_the_kept_tokens():
+    rng = np.random.default_rng(5)
+    for scale in (1.0, 3.0, 8.0):  # flat to peaky
+        logits = rng.normal(0, scale, 3000).astype(np.float32)
+        for s in (Sampling(0.7), Sampling(0.8, top_p=0.9), Sampling(1.2, min_p=0.1), Sampling(0.7, top_p=0.95, min_p=0.02)):
+            for pos in range(150):
+                ids, sc = scores(logits, s, 3, pos)  # the kept set built, then Gumbel-max over it
+                assert draw(logits, s, 3, pos) == ids[int(np.argmax(sc))], (scale, s, pos)
+
+
 @pytest.mark.model
 def test_speculation_never_changes_a_seeded_sample(lm, target):
     from adaspark_core.engine.llama import score
