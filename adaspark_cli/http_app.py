@@ -136,7 +136,9 @@ class Decoder:
                 raise api.bad("prompt", f"token id {max(prompt)} is outside the vocabulary ({rt.target.n_vocab})")
             return serve_request(
                 rt, prompt, req.max_tokens or n_ctx, name=job.name, stops=req.stops,
-                sampling=req.sampling, on_text=lambda text: job.emit("text", text),
+                sampling=req.sampling,
+                # a whole response needs no pieces: waking the event loop every round costs the decode
+                on_text=(lambda text: job.emit("text", text)) if req.stream else None,
                 cancelled=lambda: job.cancelled or self.stopping, on_warning=self.warn)
         except InputError as e:
             raise api.APIError(400, str(e)) from None
@@ -198,7 +200,7 @@ def make_app(decoder: Decoder, model_id: str, default_temperature: float) -> Fas
             if kind == "error":
                 return _error(value)
             return EventSourceResponse(_stream(job, env, kind, value), ping=15)
-        while True:  # not streamed: the text pieces are skipped, the reply comes whole with "done"
+        while True:  # not streamed: no text pieces come, the reply comes whole with "done"
             kind, value = await _next(job, request)
             if kind == "error":
                 return _error(value)
