@@ -65,9 +65,6 @@ def compare(
         if subset not in cmp.SUBSETS:
             raise InputError(f"unknown subset {subset!r}: use {', '.join(cmp.SUBSETS)}")
         how = console.sampling(temperature, sample_top_k, top_p, min_p, seed)
-        if how is not None and logs is not None:
-            raise InputError("sampled replies are not logged (replay re-derives greedy tokens): drop --logs, "
-                             "or compare at temperature 0")
         if warm_on not in ("all", "first-half"):
             raise InputError(f"unknown --warm-on {warm_on!r}: use all or first-half")
         convs = load_workload(sets, subset, max_turns)

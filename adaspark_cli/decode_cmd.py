@@ -40,9 +40,6 @@ def decode(
     Arms: ar, chain:N (at most N draft tokens), tree:N (N rows), pinned:N (N rows, learners on),
     cost (learned width, no n-gram), adaspark (learned width with n-gram candidates)."""
     how = console.sampling(temperature, sample_top_k, top_p, min_p, seed)
-    if how is not None and log is not None:
-        console.fail("a sampled decode is not logged (replay re-derives every token as its row's argmax): "
-                     "drop --log or --temperature")
     text = console.read_prompt(prompt_file)
     system = console.utf8(system, "--system") if system is not None else None
     with reported(), Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k),
@@ -56,8 +53,7 @@ def decode(
         try:
             text_out = rt.run(gen, on_text=None if as_json else _write)
         finally:
-            if how is None:  # a sampled decode teaches only a copy of the learners (Runtime.generation)
-                rt.save(rounds=gen.stats.rounds, requests=1)
+            rt.save(rounds=gen.stats.rounds, requests=1)
         st = gen.stats
         if as_json:
             console.write_json({"text": text_out, "model": str(rt.model.path), "arm": rt.arm.name,

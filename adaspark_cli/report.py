@@ -19,9 +19,12 @@ def replay_tables(r: dict) -> str:
     out = []
     rows = [[q["request"], q["rounds"], q["nodes"], _f(q["head_loss"]), _f(q["fitted_loss"]), _pct(q["change"]),
              f'{q["fitted_rounds"]}/{q["tree_rounds"]}', q["finish"] or "-"] for q in a["requests"]]
+    head = ["request", "rounds", "nodes", "head-based", "fitted", "change", "fitted priced", "finish"]
+    if any(q["sampled"] for q in a["requests"]):  # a mixed log: which regime each request taught
+        rows = [[*row, "sampled" if q["sampled"] else "greedy"] for row, q in zip(rows, a["requests"])]
+        head.append("regime")
     out.append("Acceptance prediction per request: log loss per labelled node, scored before learning (Table 2, Figure 4)")
-    out.append(tabulate(rows, ["request", "rounds", "nodes", "head-based", "fitted", "change", "fitted priced", "finish"],
-                        disable_numparse=True))
+    out.append(tabulate(rows, head, disable_numparse=True))
     first = a["first_request"]
     summary = [
         ["requests scored (after the first, not capped)", a["scored_requests"]],

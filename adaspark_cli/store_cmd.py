@@ -402,13 +402,17 @@ def render(s: dict, top: int = 12) -> str:
     idle = [c["name"] for c in a["coefficients"] if not (c["labels"] or c["left_prior"])]
     if idle:
         out.append(f"at their prior, no labels: {' '.join(idle)}")
-    b = a["buckets"]
-    shown = b[:top]
-    out.append(f"\nBucket weights: {len(b)} buckets, {a['buckets_moved']} moved from 0"
-               + (f"; the {len(shown)} largest by |weight| (--json lists all)" if len(shown) < len(b) else ""))
-    if shown:
-        out.append(_table([[x["key"], x["kind"], _f(x["weight"], "+.4f"), x["labels"]] for x in shown],
-                          ["bucket", "kind", "weight", "labels"], left=2))
+    out += _buckets(a, top)
+    r = s.get("sampled")
+    if r is None:
+        out.append("\nSampled regime: none yet (the learners of sampled requests, copied from these at the first)")
+    else:
+        n, g = r["counts"], r["acceptance"]["guard"]
+        out.append(f"\nSampled regime (temperature > 0, copied from the greedy learners at the first sampled "
+                   f"request): acceptance model {n['acceptance_requests']} requests, cost model {n['cost_rounds']} "
+                   f"rounds; guard: priced by {g['priced_by']} (log loss per node: head-based "
+                   f"{_f(g['head_loss_per_node'], '.4f')}, fitted {_f(g['fitted_loss_per_node'], '.4f')})")
+        out += _buckets(r["acceptance"], top)
     m = s.get("memory")
     if m is None:
         out.append("\nN-gram memory: none yet (it keeps the replies of learning arms with n-gram candidates)")
@@ -419,6 +423,18 @@ def render(s: dict, top: int = 12) -> str:
         out.append(f"  lookups {m['lookups']:,}, found a continuation {_pct(m['hit_rate'])}; memory nodes verified "
                    f"{m['rows']:,}, accepted {m['accepted']:,} ({_pct(m['acceptance'])})")
     return "\n".join(out) + "\n"
+
+
+def _buckets(a: dict, top: int) -> list[str]:
+    """An acceptance model's bucket weights, the ``top`` largest by |weight|."""
+    b = a["buckets"]
+    shown = b[:top]
+    out = [f"\nBucket weights: {len(b)} buckets, {a['buckets_moved']} moved from 0"
+           + (f"; the {len(shown)} largest by |weight| (--json lists all)" if len(shown) < len(b) else "")]
+    if shown:
+        out.append(_table([[x["key"], x["kind"], _f(x["weight"], "+.4f"), x["labels"]] for x in shown],
+                          ["bucket", "kind", "weight", "labels"], left=2))
+    return out
 
 
 def _ident(x) -> str:

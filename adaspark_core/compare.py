@@ -20,7 +20,6 @@ learners are the arms' own, so what the warm pass taught them carries into the m
 
 from __future__ import annotations
 
-import copy
 import re
 import time
 from dataclasses import dataclass, field
@@ -125,15 +124,12 @@ class SchedulerArm:
         self.learners = (learners or Learners()) if arm.learns else None
         self.memory = memory  # the arm's own n-gram memory of its earlier replies
         self.sampling = sampling  # every reply sampled with these settings and seed (sampling.py)
-        self.sampled_learners: Learners | None = None  # the sampled regime's, copied at the first sampled reply
         self.log = None
 
     def answer(self, prompt: list[int], max_tokens: int, request_id: str, remember: bool = True) -> Answer:
-        learners = self.learners
-        if self.sampling is not None and learners is not None:
-            if self.sampled_learners is None:  # after the (greedy) warm passes: it starts from them
-                self.sampled_learners = copy.deepcopy(learners)
-            learners = self.sampled_learners
+        # A sampled reply learns in the sampled regime (copied from the greedy learners at the
+        # first one: after the greedy warm passes, it starts from what they taught)
+        learners = self.learners.regime(self.sampling is not None) if self.learners is not None else None
         gen = Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id,
                          learners=learners, drafter=self.drafter, log=self.log, memory=self.memory,
                          remember=remember and self.sampling is None, sampling=self.sampling)

@@ -14,6 +14,7 @@ learner whose ``state()`` is ``st``'s (upgraded).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 from .acceptance import AcceptanceModel, AcceptParams, RoundScore
@@ -24,6 +25,8 @@ from .store import StoreError
 
 WIDTH_SECTION = "width"
 ACCEPTANCE_SECTION = "acceptance"
+# The sampled regime's learners, as a section holding their own width and acceptance sections.
+SAMPLED_SECTION = "sampled"
 HINT = "it was left as is: move it away or run `adaspark store reset`"
 
 
@@ -35,8 +38,27 @@ class LearnerParams:
 
 @dataclass(slots=True)
 class Learners:
+    """The greedy regime's learners, and the sampled regime's (``sampled``) once a sampled request
+    came: a sampled round accepts a child x of an accepted parent with probability p(x) under the
+    sampler, not iff x is the argmax, so its acceptance is a regime of its own (a temperature
+    feature would assume one shape across temperatures and tie greedy buckets to sampled ones;
+    a regime starts from the greedy learners' state and learns apart). Both persist and replay."""
+
     policy: AdaptiveWidth = field(default_factory=AdaptiveWidth)
     acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
+    sampled: Learners | None = None
+
+    def regime(self, sampled: bool) -> "Learners":
+        """The learners a request decodes and learns with: these for a greedy one; for a sampled
+        one the sampled regime's, made at the first sampled request as a copy of these (its cost
+        model then knows the verify times, its acceptance model the buckets' greedy rates to
+        start from). The live run and replay both call this at the same point of the stream, so
+        replay reproduces the copy."""
+        if not sampled:
+            return self
+        if self.sampled is None:
+            self.sampled = Learners(copy.deepcopy(self.policy), copy.deepcopy(self.acceptance))
+        return self.sampled
 
     def start_request(self) -> None:
         """A request begins: the per-request state restarts (the acceptance model's intercept
@@ -51,7 +73,10 @@ class Learners:
 
     def state(self) -> dict:
         """The store sections, by name (each learner versions its own)."""
-        return {WIDTH_SECTION: self.policy.state(), ACCEPTANCE_SECTION: self.acceptance.state()}
+        st = {WIDTH_SECTION: self.policy.state(), ACCEPTANCE_SECTION: self.acceptance.state()}
+        if self.sampled is not None:
+            st[SAMPLED_SECTION] = self.sampled.state()
+        return st
 
     @classmethod
     def from_state(cls, st: dict, params: LearnerParams | None = None, path: str = "sections") -> "Learners":
@@ -60,10 +85,14 @@ class Learners:
         it is."""
         p = params or LearnerParams()
         width, accept = mapping(st, path).get(WIDTH_SECTION), st.get(ACCEPTANCE_SECTION)
+        sampled = st.get(SAMPLED_SECTION)
+        if sampled is not None and SAMPLED_SECTION in mapping(sampled, f"{path}.{SAMPLED_SECTION}"):
+            raise ValueError(f"{path}.{SAMPLED_SECTION}: a regime has no regime of its own")
         return cls(AdaptiveWidth.from_state(width, p.width, f"{path}.{WIDTH_SECTION}") if width is not None
                    else AdaptiveWidth(CostModel(p.width.cost), Chooser(p.width.chooser)),
                    AcceptanceModel.from_state(accept, p.acceptance, f"{path}.{ACCEPTANCE_SECTION}") if accept is not None
-                   else AcceptanceModel(p.acceptance))
+                   else AcceptanceModel(p.acceptance),
+                   cls.from_state(sampled, params, f"{path}.{SAMPLED_SECTION}") if sampled is not None else None)
 
     @classmethod
     def from_store(cls, store, hint: str = HINT) -> "Learners":

@@ -19,7 +19,7 @@ from .errors import OutputError
 from .files import open_log
 from .schema import apply_upgrades
 
-SCHEMA = 3
+SCHEMA = 4
 
 # Append-only: UPGRADES[i] maps a dict of schema i+1 to schema i+2. Never edit an entry.
 UPGRADES: list[Callable[[dict], dict]] = [
@@ -27,6 +27,8 @@ UPGRADES: list[Callable[[dict], dict]] = [
     lambda d: {**d, "p_src": None, "priced": None, "explored": False},
     # 2 -> 3: the learners' time and the round's start on the request's clock (regret account).
     lambda d: {**d, "times": {**d["times"], "learn": 0.0, "start": None}},
+    # 3 -> 4: sampled rounds are logged, with their request's sampler settings and seed.
+    lambda d: {**d, "sampling": None},
 ]
 
 
@@ -66,9 +68,9 @@ class RoundRecord:
     prices: list[float] | None  # the arm's price (ms) per offered width, when it has one
     width: int  # rows verified (the anchor included)
     rows: list[int]  # candidate index per verified row, -1 for the anchor, depth-first
-    argmax: list[int]  # the target's argmax per verified row
+    argmax: list[int]  # the target's argmax per verified row (sampled: its draw, -1 where not drawn)
     path: list[int]  # accepted candidate indices, from the anchor down
-    bonus: int  # the target's argmax at the deepest accepted row
+    bonus: int  # the target's argmax (sampled: draw) at the deepest accepted row
     emitted: list[int]  # tokens this round added to the reply (after stop truncation)
     times: Timing
     measure: int | None = None  # the width a cold-start round measures (adaptive arms)
@@ -79,6 +81,9 @@ class RoundRecord:
     first: bool = False  # the request's first round
     last: bool = False  # the request's last round
     finish: str | None = None  # on the last round: stop, length or context
+    # A sampled request's settings (temperature, top_k, top_p, min_p) and its seed: the round
+    # belongs to the sampled regime's learners (learned.Learners.regime); None: greedy.
+    sampling: dict | None = None
     schema: int = field(default=SCHEMA)
 
     def to_json(self) -> dict:

@@ -57,6 +57,7 @@ class RequestStats:
     tree_rounds: int = 0  # rounds with candidates
     fitted_rounds: int = 0  # of those, priced by the fitted model
     finish: str | None = None
+    sampled: bool = False  # a sampled request (its rounds teach the sampled regime)
 
 
 @dataclass
@@ -73,7 +74,7 @@ class Report:
 
     def to_json(self) -> dict:
         """Every quantity of the report as plain JSON."""
-        reqs = [{"request": r.request, "nodes": r.nodes, "finish": r.finish, "rounds": r.rounds,
+        reqs = [{"request": r.request, "sampled": r.sampled, "nodes": r.nodes, "finish": r.finish, "rounds": r.rounds,
                  "tree_rounds": r.tree_rounds, "fitted_rounds": r.fitted_rounds,
                  "head_loss": _per(r.head_loss, r.nodes), "fitted_loss": _per(r.fitted_loss, r.nodes),
                  "change": _change(r)} for r in self.requests]
@@ -154,8 +155,10 @@ def node_class(c: dict) -> str:
 
 def replay(records: Iterable[RoundRecord], learners: Learners | None = None,
            check: bool = True) -> tuple[Learners, Report]:
-    """Feed the records of learning arms to ``learners`` (fresh by default); return them and the
-    report. ``check``: raise ReplayMismatch where replay and the log disagree."""
+    """Feed the records of learning arms to ``learners`` (fresh by default), a sampled request's
+    to their sampled regime (``Learners.regime``, made at the first as the live run made it);
+    return them and the report. ``check``: raise ReplayMismatch where replay and the log
+    disagree."""
     learners = learners or Learners()
     report = Report()
     req: RequestStats | None = None
@@ -163,16 +166,17 @@ def replay(records: Iterable[RoundRecord], learners: Learners | None = None,
         arm = parse_arm(rec.arm)
         if not arm.learns:
             continue
+        regime = learners.regime(rec.sampling is not None)  # as the live request chose it
         if rec.first or req is None or rec.request != req.request:
-            learners.start_request()
-            req = RequestStats(rec.request)
+            regime.start_request()
+            req = RequestStats(rec.request, sampled=rec.sampling is not None)
             report.requests.append(req)
         req.rounds += 1
-        chooser_before = copy.copy(learners.policy.chooser)  # choose() rebinds its two fields only
-        d_ms = learners.policy.cost.d_now()
+        chooser_before = copy.copy(regime.policy.chooser)  # choose() rebinds its two fields only
+        d_ms = regime.policy.cost.d_now()
         # The decision prices copies of the candidates: the record keeps the q the run logged.
         priced = [dict(c) for c in rec.candidates]
-        dec = decide_round(priced, rec.context, rec.p_src, arm, _max_rows(rec, arm), learners)
+        dec = decide_round(priced, rec.context, rec.p_src, arm, _max_rows(rec, arm), regime)
         if check:
             _check(rec, priced, dec)
         if priced:
@@ -182,7 +186,7 @@ def replay(records: Iterable[RoundRecord], learners: Learners | None = None,
             report.model_choices[(rec.request, rec.round)] = dec.favourite
         # Learned from the priced copies: the acceptance model reuses the estimate it just made for
         # exactly these dicts (as the live round does) instead of pricing the round again.
-        score = learners.learn(dataclasses.replace(rec, candidates=priced))
+        score = regime.learn(dataclasses.replace(rec, candidates=priced))
         req.nodes += score.nodes
         req.head_loss += score.head_loss
         req.fitted_loss += score.fitted_loss

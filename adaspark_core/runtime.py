@@ -13,7 +13,6 @@ virtual clock, for testing everything around the engine without llama.cpp).
 from __future__ import annotations
 
 import codecs
-import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,9 +75,6 @@ class Runtime:
         self.store, self.learners, self.log = store, learners, log
         self.threads = threads
         self.memory: NgramMemory | None = None  # kept beside the store (memory.py)
-        # Sampled requests' learners: a copy of the greedy ones made at the first sampled request,
-        # learning sampled acceptance from then on; never saved (no log could replay them).
-        self.sampled_learners: Learners | None = None
 
     @classmethod
     def open(cls, opts: EngineOptions, arm: str | Arm | None = None, store: Path | None = None,
@@ -120,17 +116,16 @@ class Runtime:
                    sampling: Sampling | None = None) -> Generation:
         """One request on the runtime's arm, learners, drafter and log. A simulated target brings
         its virtual clock; a real one is timed on the wall clock. A sampled request (``sampling``)
-        speculates as a greedy one does, with draws speculation cannot change (sampling.py); it is
-        not logged, adds nothing to the n-gram memory, and learns into the sampled learners, not
-        the store's."""
+        speculates as a greedy one does, with draws speculation cannot change (sampling.py); it
+        learns into the sampled regime's learners (Learners.regime) and adds nothing to the n-gram
+        memory (a sample strays from the text a later request will copy more often than the
+        argmax does)."""
         clock = getattr(self.target, "clock", time.perf_counter)
         sampled = sampling is not None
-        if sampled and self.learners is not None and self.sampled_learners is None:
-            self.sampled_learners = copy.deepcopy(self.learners)
+        learners = self.learners.regime(sampled) if self.learners is not None else None
         return Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id,
-                          log=None if sampled else self.log, clock=clock, drafter=self.drafter,
-                          learners=self.sampled_learners if sampled else self.learners, memory=self.memory,
-                          sampling=sampling, remember=not sampled)
+                          log=self.log, clock=clock, drafter=self.drafter, learners=learners,
+                          memory=self.memory, sampling=sampling, remember=not sampled)
 
     def run(self, gen: Generation, on_text: Callable[[str], None] | None = None,
             stop: Callable[[], bool] | None = None) -> str:

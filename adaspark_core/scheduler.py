@@ -280,8 +280,8 @@ class Stats:
 
 class Generation:
     """One request decoded round by round, greedily, or with ``sampling`` by seeded draws that
-    speculation cannot change (sampling.py; such rounds are not logged, and teach the sampled
-    regime's learners). Iterate it for the emitted tokens of each round (an empty list for a
+    speculation cannot change (sampling.py; such rounds teach the sampled regime's learners,
+    which the caller passes). Iterate it for the emitted tokens of each round (an empty list for a
     round that emitted nothing new, e.g. only the end token); after the loop ``finish``,
     ``stats`` and ``tokens`` describe the reply. Every round builds its
     RoundRecord (``last_record``), which the log and, later, the online learners consume."""
@@ -301,10 +301,8 @@ class Generation:
         memory: NgramMemory | None = None,
         remember: bool = True,
     ):
-        if sampling is not None and log is not None:
-            raise InputError("a sampled request is not logged: replay re-derives every token as its row's argmax")
         if sampling is not None and not hasattr(target, "row_logits"):
-            raise InputError("this target has no distribution to sample from (a simulated model): use temperature 0")
+            raise InputError("this target gives no distribution to sample from: use temperature 0")
         if arm.needs_tree and not target.supports_trees:
             raise InputError(f"arm {arm.name} needs tree verification, which recurrent/hybrid models cannot do; use chain:N or ar")
         if arm.max_width > 1 and not target.supports_chains:
@@ -326,12 +324,14 @@ class Generation:
         self.prompt = list(prompt)
         self.drafter = drafter
         # A sampled request draws each row's token from the target's distribution with noise keyed
-        # by (seed, position) (sampling.py), so speculation never changes the sample. Its rounds are
-        # not logged (replay re-derives greedy rounds only) and teach the ``learners`` they are
-        # given, which must be the sampled regime's own (Runtime.generation, compare.SchedulerArm):
-        # sampled acceptance is not greedy acceptance.
+        # by (seed, position) (sampling.py), so speculation never changes the sample. Its rounds
+        # record the settings and seed and teach the ``learners`` they are given, which must be
+        # the sampled regime's (Learners.regime): sampled acceptance is not greedy acceptance.
         self.sampling = sampling
         self.seed = (sampling.seed if sampling.seed is not None else secrets.randbits(63)) if sampling else None
+        self._sampling_json = None if sampling is None else {
+            "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+            "min_p": sampling.min_p, "seed": self.seed}
         self.index = SuffixIndex() if arm.uses_ngram else None
         # The n-gram memory of earlier requests: read by the fill, and given this reply when it
         # ends (unless not ``remember``: a timing repeat of a reply must not read itself).
@@ -456,6 +456,7 @@ class Generation:
             first=rnd == 0,
             last=finish is not None,
             finish=finish,
+            sampling=self._sampling_json,
         )
         self.last_record = rec
         if finish is None:

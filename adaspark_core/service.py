@@ -102,7 +102,7 @@ def serve_request(rt: Runtime, prompt: list[int], max_tokens: int, name: str, *,
     try:
         rt.run(gen, on_text=settled, stop=stop)
     finally:
-        if gen.stats.rounds and sampling is None:  # a sampled reply taught only the sampled learners
+        if gen.stats.rounds:
             keep(rt, gen.stats.rounds, 1, on_warning)
     rest = scan.flush()
     if rest and on_text is not None:

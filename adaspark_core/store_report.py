@@ -203,4 +203,15 @@ def summarize(store: Store, learners: Learners | None = None, contexts: Iterable
         "cost": cost_summary(policy.cost, contexts, fit_points),
         "chooser": chooser_summary(policy.chooser),
         "acceptance": acceptance_summary(accept),
+        "sampled": _regime_summary(learners.sampled) if learners.sampled is not None else None,
     }
+
+
+def _regime_summary(ls: Learners) -> dict:
+    """The sampled regime: its counts, chooser and acceptance model (its cost model learns the
+    same verify times the greedy one does)."""
+    return {"counts": {"cost_rounds": ls.policy.cost.rounds,
+                       "chooser_rounds": sum(d.count for d in ls.policy.chooser.bands.values()),
+                       "acceptance_requests": ls.acceptance.requests},
+            "chooser": chooser_summary(ls.policy.chooser),
+            "acceptance": acceptance_summary(ls.acceptance)}

@@ -7,6 +7,7 @@ import copy
 import math
 
 import numpy as np
+import orjson
 import pytest
 
 from adaspark_core.engine.base import Sampling
@@ -108,7 +109,7 @@ def test_speculation_never_changes_a_seeded_sample(lm, target):
         spec = run(target, prompt, parse_arm(arm), 64, sampling=s, learners=sampled if arm == "adaspark" else None)
         assert max(spec.stats.widths) > 1, arm  # it did speculate
         if spec.tokens != plain.tokens:
-            # only where kernels of other shapes moved a CDF edge across the position's uniform
+            # only where kernels of other shapes swapped the two best perturbed scores
             i = next((i for i, (a, b) in enumerate(zip(spec.tokens, plain.tokens)) if a != b),
                      min(len(spec.tokens), len(plain.tokens)))
             row = score(lm, prompt + plain.tokens[:i])[-1]
@@ -120,3 +121,95 @@ def test_speculation_never_changes_a_seeded_sample(lm, target):
     assert other.tokens != plain.tokens  # another seed, another sample
     greedy = run(target, prompt, parse_arm("ar"), 64)
     assert greedy.tokens != plain.tokens and greedy.seed is None
+
+
+# --- the sampled regime, on the simulated model (its rows have a distribution: engine/simlm.py) ------
+
+
+def _sim():
+    from adaspark_core.engine.simlm import SimModel
+
+    from conftest import SIM
+
+    return SimModel(SIM)
+
+
+def test_on_the_simulated_model_every_arm_samples_the_same_text_for_a_seed():
+    from adaspark_core.scheduler import parse_arm, run
+
+    model = _sim()
+    prompt = model.tokenize("Tell me about the sea, and the sea again.")
+    s = Sampling(0.7, seed=5)
+    plain = run(model.target(), prompt, parse_arm("ar"), 150, sampling=s)
+    for arm in ("chain:3", "tree:16", "adaspark"):
+        spec = run(model.target(), prompt, parse_arm(arm), 150, sampling=s)
+        assert spec.tokens == plain.tokens and spec.stats.rounds < plain.stats.rounds, arm  # no kernel ties here
+    assert run(model.target(), prompt, parse_arm("ar"), 150, sampling=Sampling(0.7, seed=6)).tokens != plain.tokens
+    greedy = run(model.target(), prompt, parse_arm("ar"), 150)
+    assert greedy.tokens != plain.tokens
+
+
+def test_sampled_rounds_are_logged_and_a_mixed_log_replays_into_both_regimes(tmp_path):
+    from adaspark_core.learned import SAMPLED_SECTION, Learners
+    from adaspark_core.record import RoundLog, read_log
+    from adaspark_core.replay import replay
+    from adaspark_core.scheduler import parse_arm, run
+
+    model = _sim()
+    target = model.target()
+    prompts = [model.tokenize(t) for t in ("the sea, the sea and the sea", "tell a story of the sea")]
+    live, arm = Learners(), parse_arm("adaspark")
+    with RoundLog(tmp_path / "r.jsonl") as log:
+        for i, how in enumerate([None, Sampling(0.8, top_p=0.95, seed=3), None, Sampling(1.0, top_k=5), None]):
+            learners = live.regime(how is not None)
+            gen = run(target, prompts[i % 2], arm, 120, request_id=f"q{i}", log=log, learners=learners, sampling=how)
+            assert gen.finish == "length"
+            if i == 1:
+                assert live.sampled is learners and live.sampled.acceptance.requests == live.acceptance.requests + 1  # the copy, and this one
+    records = list(read_log(tmp_path / "r.jsonl"))
+    sampled = [r for r in records if r.sampling is not None]
+    assert {r.request for r in sampled} == {"q1", "q3"}
+    assert sampled[0].sampling == {"temperature": 0.8, "top_k": 0, "top_p": 0.95, "min_p": 0.0, "seed": 3}
+    assert isinstance(sampled[-1].sampling["seed"], int)  # an unseeded request records the seed it drew
+    for r in sampled:  # the draws of the rows the accept walk read, -1 for the rest
+        row_of = {j: k for k, j in enumerate(r.rows)}
+        path_rows = [0] + [row_of[j] for j in r.path]
+        assert all(r.argmax[k] >= 0 for k in path_rows) and r.argmax[path_rows[-1]] == r.bonus
+        assert all(r.argmax[k] == -1 for k in range(len(r.rows)) if k not in path_rows)
+    replayed, report = replay(records)  # raises on any round decided otherwise
+    assert replayed.state() == live.state() and SAMPLED_SECTION in live.state()
+    assert [q.sampled for q in report.requests] == [False, True, False, True, False]
+    assert live.sampled.acceptance.state() != live.acceptance.state()
+    # a regime restored from its section goes on as the live one
+    st = orjson.loads(orjson.dumps(live.state()))  # as the store holds it
+    assert orjson.loads(orjson.dumps(Learners.from_state(st).state())) == st
+    with pytest.raises(ValueError, match="sampled"):
+        Learners.from_state({**st, SAMPLED_SECTION: st})
+
+
+def test_sampled_decodes_save_their_regime_and_replay_across_processes(tmp_path):
+    from adaspark_core.learned import Learners
+    from adaspark_core.record import read_log
+    from adaspark_core.replay import replay
+    from adaspark_core.store import Store
+
+    from conftest import SIM
+    from test_cli import adaspark
+
+    (tmp_path / "p.txt").write_text("Tell me about the sea, and the sea again.")
+    store, log = tmp_path / "s.json", tmp_path / "r.jsonl"
+    base = ["decode", tmp_path / "p.txt", "--model", SIM, "--store", store, "--log", log, "--max-tokens", 80]
+    texts = []
+    for extra in ([], ["--temperature", "0.8", "--seed", "4"], [], ["--temperature", "0.8", "--seed", "4"]):
+        res = adaspark(*base, *extra)
+        assert res.returncode == 0, res.stderr
+        texts.append(res.stdout)
+    assert texts[1] == texts[3] and texts[1] != texts[0]  # seeded: the same sample in another process
+    saved = Learners.from_store(Store.read(store)[0])
+    assert saved.sampled is not None
+    replayed, _ = replay(read_log(log))
+    assert replayed.state() == saved.state()
+    res = adaspark("replay", log)
+    assert res.returncode == 0 and "sampled" in res.stdout, res.stderr
+    shown = adaspark("store", "show", "--store", store)
+    assert shown.returncode == 0 and "Sampled regime (temperature > 0" in shown.stdout, shown.stderr

@@ -84,7 +84,7 @@ def test_bad_requests_get_openai_shaped_errors_and_the_server_keeps_serving(tmp_
             ("/v1/completions", {"prompt": "hi", "stream": 1}, 400, None),
             ("/v1/chat/completions", chat_body("word " * 200), 400, "context_length_exceeded"),
             ("/v1/completions", {"prompt": [10 ** 9]}, 400, None),
-            ("/v1/chat/completions", chat_body("hi", temperature=0.7), 400, None),  # a simulated model cannot sample
+            ("/v1/chat/completions", chat_body("hi", temperature=2.5), 400, None),
             ("/v1/embeddings", {"input": "hi"}, 404, "not_found"),
         ]
         for path, body, status, code in cases:

@@ -11,6 +11,7 @@ virtual times in every process.
   soon falls into a cycle (a few dozen tokens long), so the n-gram fill finds continuations that are accepted; at an era's
   start the rule changes, so drafts are also rejected. A prompt whose text holds ``STOP_MARK``
   makes the reply end (EOG) at reply token ``STOP_AFTER``, to exercise ``finish: stop``.
+- A sampled request draws from ``row_logits``: the greedy token well ahead of the other letters.
 - Verify time is ``engine/sim.py``'s curve ``CURVE`` (a measured CPU table or a GPU curve) with
   seeded one-sided interference, on a virtual clock (``target.clock``) that the scheduler reads.
 """
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+
+import numpy as np
 
 from ..errors import InputError
 from ..fingerprint import SIM as PREFIX
@@ -33,6 +36,10 @@ ALPHABET = b"etaoinshrdlu "  # what the rule emits: short words, ASCII, so every
 STOP_MARK = "[stop]"
 STOP_AFTER = 40
 N_CTX = 4096
+# A sampled request's distribution per row (row_logits): the rule's token at this logit, the other
+# letters of the alphabet at 0, every other token far below. At temperature 0.7 the rule's token
+# has p = 0.86, at 1.0 p = 0.63: sampled text strays from the rule and its copies now and then.
+SAMPLED_TOP = 3.0
 
 
 def is_sim(spec: object) -> bool:
@@ -102,6 +109,7 @@ class SimLMTarget:
         self.anchor: int | None = None
         self._stop_at: int | None = None
         self._pending: Layout | None = None
+        self._argmax: list[int] = []  # the last verify's
 
     def tokenize(self, text: str, special: bool = True) -> list[int]:
         return self.model.tokenize(text, special)
@@ -143,7 +151,15 @@ class SimLMTarget:
         ms = self.curve.true_ms(lay.width, self.n_past + 1) * (1.0 + self.noise.draw())
         self.clock.advance_ms(ms)
         self._pending = lay
+        self._argmax = argmax
         return Verified(argmax, ms, ms, 0.0)
+
+    def row_logits(self) -> np.ndarray:
+        """The last verify's logits, one row per verified row (see SAMPLED_TOP)."""
+        rows = np.full((len(self._argmax), self.n_vocab), -30.0, dtype=np.float32)
+        rows[:, [b + BYTE0 for b in ALPHABET]] = 0.0
+        rows[np.arange(len(self._argmax)), self._argmax] = SAMPLED_TOP
+        return rows
 
     def commit(self, lay: Layout, keep_rows: list[int], next_anchor: int) -> float:
         assert lay is self._pending, "commit of a layout that was not the last verify"
