@@ -51,10 +51,12 @@ def replay(
         report = rep.to_json() if rep.requests else {}
         if regret:
             table = CostTable(records + cost_records)
-            arms: dict[str, list] = {}
+            # One account per arm and regime: sampled rounds accept by other odds than greedy ones
+            arms: dict[tuple, list] = {}
             for r in records:
-                arms.setdefault(r.arm, []).append(r)
-            report["regret"] = [account(rs, table, rep.model_choices).to_json() for rs in arms.values()]
+                arms.setdefault((r.arm, r.sampling is not None), []).append(r)
+            report["regret"] = [{**account(rs, table, rep.model_choices).to_json(), "sampled": sampled}
+                                for (_, sampled), rs in arms.items()]
         if as_json:
             sys.stdout.write(orjson.dumps(report).decode() + "\n")
             return

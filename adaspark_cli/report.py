@@ -69,7 +69,7 @@ def regret_tables(accounts: list[dict]) -> str:
     """``adaspark replay --regret``: one hindsight account per arm of the log."""
     out = []
     for a in accounts:
-        out.append(f"\nHindsight account of {a['arm']}: {a['rounds']} rounds, {a['tokens']} tokens, "
+        out.append(f"\nHindsight account of {a['arm']}{', sampled rounds' if a['sampled'] else ''}: {a['rounds']} rounds, {a['tokens']} tokens, "
                    f"{a['wall_ms'] / 1e3:.2f} s (verify {a['verify_ms'] / 1e3:.2f} s)")
         if a["best_width"] is None:
             out.append("no width has 3 measured verifies in the logs given: nothing to price (add --costs)")

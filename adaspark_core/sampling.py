@@ -58,6 +58,25 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
+def _top(x: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the ``k`` largest of ``x`` (any order). A partition of the whole vocabulary
+    costs 0.4 ms a row here; the k largest lie within a few logits of the maximum, so they are
+    partitioned out of the tokens above a threshold that widens until at least k pass it
+    (every token not above it is below all that are: the k largest are among them)."""
+    n = len(x)
+    top, gap = x.max(), 2.0
+    while True:
+        ids = np.flatnonzero(x >= top - gap)
+        if len(ids) >= k:
+            break
+        if gap > 1e4 or not math.isfinite(gap):
+            return np.argpartition(x, n - k)[n - k :]  # -inf logits: no threshold reaches them
+        gap *= 1.5  # a threshold a little past the k-th: few more ids to partition
+    if len(ids) == k:
+        return ids
+    return ids[np.argpartition(x[ids], len(ids) - k)[len(ids) - k :]]
+
+
 def kept(logits: np.ndarray, s: Sampling) -> np.ndarray:
     """The token ids the chain keeps (top-k, top-p over what is left, min-p), by decreasing logit
     when anything is cut, else every id in order."""
@@ -66,9 +85,9 @@ def kept(logits: np.ndarray, s: Sampling) -> np.ndarray:
     if s.top_k <= 0 and s.top_p >= 1.0 and s.min_p <= 0.0:
         return np.arange(n)
     if 0 < s.top_k < n:
-        ids = np.argpartition(x, n - s.top_k)[n - s.top_k :]
+        ids = _top(x, s.top_k)
     elif s.top_p < 1.0 and n > _PREFILTER:
-        ids = np.argpartition(x, n - _PREFILTER)[n - _PREFILTER :]
+        ids = _top(x, _PREFILTER)
     else:
         ids = np.arange(n)
     ids = ids[np.argsort(-x[ids], kind="stable")]

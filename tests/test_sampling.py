@@ -91,6 +91,93 @@ def test_the_fast_draw_is_the_best_perturbed_score_among_the_kept_tokens():
                 assert draw(logits, s, 3, pos) == ids[int(np.argmax(sc))], (scale, s, pos)
 
 
+def test_the_top_k_threshold_finds_the_k_largest():
+    from adaspark_core.sampling import _top
+
+    rng = np.random.default_rng(3)
+    for scale, k in [(3.0, 1), (3.0, 40), (0.01, 40), (30.0, 1024), (3.0, 5000)]:
+        x = (rng.normal(size=49152) * scale).astype(np.float32)
+        assert set(_top(x, k).tolist()) == set(np.argsort(-x, kind="stable")[:k].tolist()), (scale, k)
+    x = np.full(1000, -np.inf, dtype=np.float32)
+    x[[5, 9]] = [1.0, 2.0]  # fewer finite logits than k: the rest come from the -inf tokens
+    got = _top(x, 4)
+    assert len(got) == 4 and {5, 9} <= set(got.tolist())
+
+
+def g_test_p(counts: dict, probs: dict) -> float:
+    """The G-test's p-value of observed ``counts`` against a distribution ``probs`` over the same
+    outcomes (Wilson-Hilferty's normal approximation of the chi-square tail); 0 if an outcome with
+    no probability was seen."""
+    n = sum(counts.values())
+    if any(probs.get(k, 0.0) <= 0.0 for k in counts):
+        return 0.0
+    g = 2.0 * sum(o * math.log(o / (n * probs[k])) for k, o in counts.items() if o)
+    df = sum(1 for p in probs.values() if p > 0) - 1
+    z = ((g / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+@pytest.mark.model
+def test_speculative_sampling_gives_the_targets_joint_distribution_of_the_next_three_tokens(lm, target):
+    """Exactness in distribution on the real model: one tree verify holds every path of the
+    sampler's kept tokens two deep (top_k 3: 1 + 3 + 9 rows); for 40,000 seeds the live round's
+    acceptance (tree.accept_walk over scheduler.Draws) yields two accepted drafts and a bonus.
+    Their counts match the closed-form joint p(t1) p(t2 | t1) p(t3 | t1, t2) of the same rows'
+    distributions (G-test), and the same counts reject that joint with 1% of its mass moved
+    between its two likeliest outcomes: the test detects a 1% total-variation error."""
+    from adaspark_core.sampling import distribution
+    from adaspark_core.scheduler import Draws
+    from adaspark_core.tree import ANCHOR, NGRAM, Candidate, accept_walk, layout
+
+    from conftest import prompt_tokens
+
+    s = Sampling(1.0, top_k=3)
+    target.start(prompt_tokens(lm, "rewrite.txt"))
+
+    def verified(cands):
+        lay = layout(target.anchor, cands, list(range(len(cands))))
+        target.verify(lay)
+        rows = target.row_logits().copy()
+        target.discard(lay)
+        return lay, rows
+
+    # Grow the tree a level a verify, each row's 5 likeliest tokens its children: a superset of the
+    # 3 the sampler keeps on the final verify's rows (rows of other widths differ by up to ~0.3 in
+    # a logit here, enough to swap ranks 3 and 4).
+    cands, wider = [], Sampling(1.0, top_k=5)
+    for depth in (1, 2):
+        lay, rows = verified(cands)
+        for r in range(lay.width):
+            if lay.depth[r] == depth - 1:
+                cands += [Candidate(int(t), lay.cand[r], NGRAM, depth) for t in distribution(rows[r], wider)[0]]
+    lay, rows = verified(cands)
+    assert lay.width == 31
+
+    def p(row: int) -> dict:  # the sampler's distribution on a row of the final verify
+        ids, ps = distribution(rows[row], s)
+        return dict(zip(ids.tolist(), ps.tolist()))
+
+    truth = {}
+    for r1 in lay.children[0]:
+        for r2 in lay.children[r1]:
+            pre = p(0).get(lay.token[r1], 0.0) * p(r1).get(lay.token[r2], 0.0)
+            for t, q in p(r2).items():
+                truth[(lay.token[r1], lay.token[r2], t)] = pre * q
+    assert math.isclose(sum(truth.values()), 1.0, rel_tol=1e-9)
+    truth = {k: v for k, v in truth.items() if v > 0}
+    assert len(truth) == 27
+
+    counts: dict = {}
+    for seed in range(40_000):
+        path, bonus = accept_walk(lay, Draws(rows, s, seed, target.n_past, lay.depth))
+        key = (*(lay.token[r] for r in path), bonus)
+        counts[key] = counts.get(key, 0) + 1
+    assert g_test_p(counts, truth) > 1e-3, sorted(counts.items())
+    first, second = sorted(truth, key=truth.get)[-2:]
+    moved = {**truth, first: truth[first] + 0.01, second: truth[second] - 0.01}
+    assert g_test_p(counts, moved) < 1e-3
+
+
 @pytest.mark.model
 def test_speculation_never_changes_a_seeded_sample(lm, target):
     from adaspark_core.engine.llama import score
