@@ -127,7 +127,7 @@ def test_speculative_sampling_gives_the_targets_joint_distribution_of_the_next_t
     between its two likeliest outcomes: the test detects a 1% total-variation error."""
     from adaspark_core.sampling import distribution
     from adaspark_core.scheduler import Draws
-    from adaspark_core.tree import ANCHOR, NGRAM, Candidate, accept_walk, layout
+    from adaspark_core.tree import NGRAM, Candidate, accept_walk, layout
 
     from conftest import prompt_tokens
 
