@@ -20,6 +20,7 @@ learners are the arms' own, so what the warm pass taught them carries into the m
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from dataclasses import dataclass, field
@@ -127,12 +128,11 @@ class SchedulerArm:
         self.log = None
 
     def answer(self, prompt: list[int], max_tokens: int, request_id: str, remember: bool = True) -> Answer:
-        # A sampled reply learns in the sampled regime (copied from the greedy learners at the
-        # first one: after the greedy warm passes, it starts from what they taught)
+        # a sampled reply learns in the sampled regime (Learners.regime)
         learners = self.learners.regime(self.sampling is not None) if self.learners is not None else None
         gen = Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id,
                          learners=learners, drafter=self.drafter, log=self.log, memory=self.memory,
-                         remember=remember and self.sampling is None, sampling=self.sampling)
+                         remember=remember, sampling=self.sampling)
         st = gen.stats
         trace: list[list] = []
         for _ in gen:
@@ -247,8 +247,8 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
     format adaspark_core/stats.py reads. ``repeat``: replies are decoded that many times and the
     median speed kept, with that run's trace (greedy decoding gives the same text each time).
 
-    ``warm``: first run the learning arms (those with learners: adaspark, cost, pinned:N; greedily,
-    also when the measured pass samples) over the whole workload (or over ``warm_convs``, e.g.
+    ``warm``: first run the learning arms (those with learners: adaspark, cost, pinned:N; a
+    sampling arm samples, with the seed ``warm_seed`` gives each pass) over the whole workload (or over ``warm_convs``, e.g.
     ``first_halves(convs)`` for a held-out measurement) that many times, untimed and unrecorded
     (request ids ``warm<k>:...``), so the measured pass starts from the store they learned. Each
     record says whether its conversation was in the warm passes (``warmed``). ``log_dir``: a
@@ -282,10 +282,13 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
             if log_dir is not None:
                 open_logs([a for a in learning if a in logged], True)
             sampled = [(a, getattr(a, "sampling", None)) for a in learning]
-            for a, _ in sampled:  # the warm passes decode greedily: the sampled learners start from theirs
-                a.sampling = None
             try:
                 for k in range(warm):
+                    # A sampled arm warms at its own settings with another seed: its sampled regime
+                    # learns this distribution's acceptance, not the very replies it is timed on.
+                    for a, how in sampled:
+                        if how is not None:
+                            a.sampling = dataclasses.replace(how, seed=warm_seed(how.seed, k))
                     _pass(warmed, learning, chat_prompt, n_ctx, max_tokens, 1, progress, f"warm{k + 1}:")
             finally:
                 for a, how in sampled:
@@ -316,6 +319,13 @@ def first_halves(convs: list[Conversation]) -> list[Conversation]:
 
 
 TRACES = "traces.jsonl"
+
+
+def warm_seed(seed: int | None, k: int) -> int | None:
+    """The seed of warm pass ``k`` (0-based) of an arm sampling with ``seed``: another sample of
+    the same distribution (the measured pass's seed plus k + 1, wrapped to 63 bits); None stays
+    None (every reply draws its own)."""
+    return None if seed is None else (seed + k + 1) % (1 << 63)
 
 
 def log_path(log_dir: Path, arm: str, warm: bool = False) -> Path:

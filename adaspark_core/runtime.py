@@ -116,16 +116,13 @@ class Runtime:
                    sampling: Sampling | None = None) -> Generation:
         """One request on the runtime's arm, learners, drafter and log. A simulated target brings
         its virtual clock; a real one is timed on the wall clock. A sampled request (``sampling``)
-        speculates as a greedy one does, with draws speculation cannot change (sampling.py); it
-        learns into the sampled regime's learners (Learners.regime) and adds nothing to the n-gram
-        memory (a sample strays from the text a later request will copy more often than the
-        argmax does)."""
+        speculates as a greedy one does, with draws speculation cannot change (sampling.py), and
+        learns into the sampled regime's learners (Learners.regime)."""
         clock = getattr(self.target, "clock", time.perf_counter)
-        sampled = sampling is not None
-        learners = self.learners.regime(sampled) if self.learners is not None else None
+        learners = self.learners.regime(sampling is not None) if self.learners is not None else None
         return Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id,
                           log=self.log, clock=clock, drafter=self.drafter, learners=learners,
-                          memory=self.memory, sampling=sampling, remember=not sampled)
+                          memory=self.memory, sampling=sampling)
 
     def run(self, gen: Generation, on_text: Callable[[str], None] | None = None,
             stop: Callable[[], bool] | None = None) -> str:
