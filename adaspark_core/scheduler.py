@@ -30,9 +30,8 @@ from .memory import NgramMemory
 from .ngram import MEMORY, SuffixIndex
 from .record import RoundLog, RoundRecord, Timing
 from .sampling import draw
-from .tree import PICK, Candidate
+from .tree import MAX_CHAIN_DEPTH, PICK, Candidate
 
-MAX_CHAIN_DEPTH = 32  # n-gram chains stop 32 tokens below the anchor (Table 14)
 # Sibling n-gram chains per round where earlier occurrences continue differently. One, not three:
 # on trace simulations of the bench workload (adaspark simulate, this machine's verify times) the
 # first-N ratio over ar was 1.50x (96-token replies) and 1.71x (256) with one, 1.50x and 1.68x with

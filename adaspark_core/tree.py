@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 ANCHOR = -1
+# n-gram chains stop this many tokens below the anchor (Table 14): a chain this deep was cut, not
+# ended, and goes on past what the round proposed (chooser.Lookahead)
+MAX_CHAIN_DEPTH = 32
 
 PICK = "pick"
 SIBLING = "sibling"

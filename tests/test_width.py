@@ -233,9 +233,9 @@ def test_a_narrow_verify_of_a_long_chain_keeps_the_option_a_wide_one_spends():
     chooser verifies a few nodes first, as the rest will still be there if they were right."""
     from adaspark_core.chooser import Chooser
 
-    qs = [0.6] + [0.97] * 31
+    qs = [0.6] + [0.97] * 30  # a chain that ends (shallower than the depth limit)
     cands = chain_cands(qs)
-    order = list(range(32))
+    order = list(range(31))
     prices = {1: 10.0, 4: 18.0, 8: 30.0, 16: 50.0, 32: 86.0}
     ch = Chooser()
     for _ in range(8):
@@ -246,6 +246,28 @@ def test_a_narrow_verify_of_a_long_chain_keeps_the_option_a_wide_one_spends():
     vals, _ = ch.scores(prices, s, 0.0, 500, ahead)
     assert max(myopic, key=myopic.get) == 32 and max(vals, key=vals.get) < 32
     assert ahead(32) == 0.0 and ahead(1) > ahead(4) > 0.0  # a full verify leaves nothing behind
+
+
+def test_a_chain_cut_at_the_depth_limit_goes_on_past_the_round():
+    """A chain as deep as the n-gram fill reads (tree.MAX_CHAIN_DEPTH) was cut, not ended: a full
+    verify leaves its continuation to the next round, and the round's end no longer shapes the
+    choice. The case from a sampled run's log: q 0.92 then 0.97, the CPU's prices; taken as ended,
+    the chooser verified one row (and did so again the next rounds, the end one node further on)."""
+    from adaspark_core.chooser import Chooser, Lookahead
+    from adaspark_core.tree import MAX_CHAIN_DEPTH
+
+    qs = [0.92] + [0.97] * (MAX_CHAIN_DEPTH - 1)
+    cut, ended = chain_cands(qs), chain_cands(qs[:-1])
+    prices = {1: 9.1, 2: 14.9, 3: 22.8, 4: 22.8, 6: 34.5, 8: 34.5, 16: 50.0, 32: 70.0}
+    ch = Chooser()
+    for _ in range(8):
+        ch.learn(SimpleRecord(context=500, path=[], times=Timing(0.0, 10.0, 0.0, 0.0, 10.0)))  # rho = 1/10 tok/ms
+    rho = ch.rate(500)
+    assert Lookahead(cut, list(range(32)), prices, rho, 0.0)(33) > 0.0
+    assert Lookahead(ended, list(range(31)), prices, rho, 0.0)(32) == 0.0
+    ahead = ch.lookahead(cut, list(range(32)), prices, 0.0, 500)
+    vals, _ = ch.scores(prices, expected_sums(cut, list(range(32))), 0.0, 500, ahead)
+    assert max(vals, key=vals.get) == 32
 
 
 class SimpleRecord:
