@@ -189,9 +189,11 @@ def make_arms(specs: list[str], target, drafter, llama_factory: Callable[[], obj
     ``threads``; call ``close_arms`` when the run ends. ``memory_mb`` > 0: each learning arm with
     n-gram candidates keeps an n-gram memory of its own replies, of that cap (memory.py).
     ``sampling``: every AdaSpark arm, ar included, samples its replies with it (the same seed, so
-    they sample the same text); the pld and llama-server peers decode greedily and are refused."""
+    they sample the same text), and llama-server peers with llama.cpp's own sampler at the same
+    settings (another sample of the same distribution); the pld peer decodes greedily and is
+    refused."""
     if sampling is not None:
-        peers = [s.strip() for s in specs if s.strip().startswith(("pld:", "llama:"))]
+        peers = [s.strip() for s in specs if s.strip().startswith("pld:")]
         if peers:
             raise InputError(f"arm {peers[0]} decodes greedily: compare it at temperature 0")
     names = [s.strip() for s in specs if s.strip()]
@@ -211,7 +213,8 @@ def make_arms(specs: list[str], target, drafter, llama_factory: Callable[[], obj
                 raise InputError(f"arm {spec}: a llama-server arm needs the model file and context size")
             # the reply's text made from its tokens as SchedulerArm makes it, so texts compare alike
             arms.append(LlamaServerArm(spec, model_path, n_ctx, threads, is_eog,
-                                       detokenize=lambda toks: b"".join(map(target.piece, toks)).decode("utf-8", "replace")))
+                                       detokenize=lambda toks: b"".join(map(target.piece, toks)).decode("utf-8", "replace"),
+                                       sampling=sampling))
             continue
         m = re.fullmatch(r"pld:(\d+)", spec)
         if m:

@@ -33,7 +33,8 @@ Each arm runs its own server on 127.0.0.1 at a free port with the compare run's 
 context size and threads, one slot, no web UI, flash attention off (as our engine: with it on, a
 row's logits depend on the batch), no prompt cache (``--cache-ram 0``, ``cache_prompt: false``: a
 reply prefills its whole prompt, as our arms' replies do) and greedy sampling (top-k 1,
-temperature 0). ngram-mod keeps its n-gram table across requests (a server-wide cache, by design),
+temperature 0), or at ``compare --temperature`` llama.cpp's sampler at our settings (its drafts are
+accepted while they equal what its sampler draws, lossless as ours). ngram-mod keeps its n-gram table across requests (a server-wide cache, by design),
 so it also finds text of earlier replies, and with ``--repeat`` a reply's own earlier decode.
 
 Timing is on the client clock, exactly as for our arms (``scheduler.Stats``): a reply's decode
@@ -77,6 +78,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .engine.base import Sampling
 from .errors import InputError
 
 PREFIX = "llama:"
@@ -164,11 +166,19 @@ def server_command(binary: Path, spec: PeerSpec, model_path, n_ctx: int, threads
             *spec.server_args()]
 
 
-def request_body(prompt: list[int], max_tokens: int, stream: bool = True) -> dict:
-    """A /completion request for one reply: the prompt's exact token ids, greedy, no prompt cache."""
-    return {"prompt": list(prompt), "n_predict": max_tokens, "stream": stream, "cache_prompt": False,
+def request_body(prompt: list[int], max_tokens: int, stream: bool = True, sampling: Sampling | None = None) -> dict:
+    """A /completion request for one reply: the prompt's exact token ids, no prompt cache; greedy,
+    or with ``sampling`` llama.cpp's chain of the samplers ours has, in our order (top-k, top-p,
+    min-p, temperature; top_k 0 is off in both) and the seed. The server draws with its own
+    generator, so the text is another sample of the same distribution, not ours."""
+    body = {"prompt": list(prompt), "n_predict": max_tokens, "stream": stream, "cache_prompt": False,
             "temperature": 0.0, "top_k": 1, "samplers": ["top_k"], "seed": 0, "repeat_penalty": 1.0,
             "return_tokens": True, "timings_per_token": stream}
+    if sampling is not None:
+        body.update(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                    min_p=sampling.min_p, seed=sampling.seed if sampling.seed is not None else 0,
+                    samplers=["top_k", "top_p", "min_p", "temperature"])
+    return body
 
 
 # --- the stream ------------------------------------------------------------------------------------
@@ -367,8 +377,10 @@ class LlamaServerArm:
     first reply and stops at ``close()``, which the compare command calls when the run ends."""
 
     def __init__(self, spec: str, model_path, n_ctx: int, threads: int | None, is_eog: Callable[[int], bool],
-                 detokenize: Callable[[list[int]], str] | None = None, binary: str | os.PathLike | None = None):
+                 detokenize: Callable[[list[int]], str] | None = None, binary: str | os.PathLike | None = None,
+                 sampling: Sampling | None = None):
         self.spec = parse_peer(spec)
+        self.sampling = sampling  # every reply sampled with these settings (request_body)
         self.name = self.spec.name
         self.binary = server_binary(binary)  # fail before the run, not at this arm's first reply
         self.model_path, self.n_ctx, self.threads = model_path, n_ctx, threads
@@ -410,7 +422,7 @@ class LlamaServerArm:
         server = self._server()
         conn = http.client.HTTPConnection(HOST, server.port, timeout=REPLY_TIMEOUT_S)
         try:
-            resp = self._post(conn, server, request_body(prompt, max_tokens))
+            resp = self._post(conn, server, request_body(prompt, max_tokens, sampling=self.sampling))
             got = read_stream(iter(resp.readline, b""), self.is_eog, clock)
         except OSError as e:
             raise InputError(f"llama-server for {self.name} broke off a reply ({e}): {server.log_tail()}") from None
@@ -428,7 +440,7 @@ class LlamaServerArm:
         them all), for a reply whose stream held one back."""
         conn = http.client.HTTPConnection(HOST, server.port, timeout=REPLY_TIMEOUT_S)
         try:
-            final = json.loads(self._post(conn, server, request_body(prompt, max_tokens, stream=False)).read())
+            final = json.loads(self._post(conn, server, request_body(prompt, max_tokens, False, self.sampling)).read())
         except OSError as e:
             raise InputError(f"llama-server for {self.name} broke off a reply ({e}): {server.log_tail()}") from None
         finally:

@@ -88,6 +88,15 @@ def test_the_request_is_greedy_uncached_and_exact():
     assert body["temperature"] == 0 and body["top_k"] == 1 and body["samplers"] == ["top_k"]
 
 
+def test_a_sampled_request_asks_for_our_chain_at_our_settings():
+    from adaspark_core.engine.base import Sampling
+
+    body = peer.request_body([1, 5, 9], 16, sampling=Sampling(0.7, top_p=0.95, top_k=40, min_p=0.05, seed=3))
+    assert (body["temperature"], body["top_k"], body["top_p"], body["min_p"], body["seed"]) == (0.7, 40, 0.95, 0.05, 3)
+    assert body["samplers"] == ["top_k", "top_p", "min_p", "temperature"]
+    assert peer.request_body([1], 4, sampling=Sampling(1.0))["top_k"] == 0  # off, as ours
+
+
 def test_a_missing_binary_says_make_peer(tmp_path, monkeypatch):
     monkeypatch.setenv(peer.ENV_BINARY, str(tmp_path / "nope"))
     one_line_error(lambda: peer.server_binary(), "make peer", str(tmp_path / "nope"))
@@ -304,6 +313,27 @@ def built_binary():
         return peer.server_binary()
     except InputError:
         return None
+
+
+@pytest.mark.model
+@pytest.mark.skipif(built_binary() is None, reason="no llama-server: run `make peer`")
+def test_llama_server_samples_seeded_at_compares_settings(target, lm):
+    from adaspark_core.engine.base import Sampling
+
+    from conftest import prompt_tokens
+
+    prompt = prompt_tokens(lm, "rewrite.txt")
+    s = Sampling(0.9, top_p=0.95, seed=5)
+    arms = cmp.make_arms(["llama:ngram-simple"], target, None, None, lm.is_eog, model_path=lm.path,
+                         n_ctx=target.n_ctx, threads=None, sampling=s)
+    try:
+        peer_arm = arms[1]
+        first, again = (peer_arm.answer(prompt, 48, "p/0/0").tokens for _ in range(2))
+        peer_arm.sampling = None
+        greedy = peer_arm.answer(prompt, 48, "p/0/0").tokens
+    finally:
+        cmp.close_arms(arms)
+    assert first == again and first != greedy  # seeded: the same sample twice; not the greedy text
 
 
 @pytest.mark.model
