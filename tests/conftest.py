@@ -37,5 +37,23 @@ def target(lm):
     return LlamaTarget(lm, n_ctx=2048)
 
 
+def assert_same_sample(lm, prompt, got, want, sampling, seed, what=""):
+    """``got`` is the sample ``want`` is, or parts from it only where kernels of other shapes may
+    have swapped the two best perturbed scores: at the first token they differ, a re-score's top
+    two perturbed scores (sampling.scores) nearly tie (the greedy near-tie rule, paper 3.5)."""
+    import numpy as np
+
+    from adaspark_core.engine.llama import score
+    from adaspark_core.sampling import scores
+
+    if got == want:
+        return
+    i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    row = score(lm, prompt + want[:i])[-1]
+    _, sc = scores(row, sampling, seed, len(prompt) - 1 + i)
+    top2 = np.sort(sc)[-2:]
+    assert top2[1] - top2[0] < NEAR_TIE, (what, i, top2)
+
+
 def prompt_tokens(lm, name):
     return lm.chat_prompt([{"role": "user", "content": (PROMPTS / name).read_text()}])

@@ -13,7 +13,7 @@ import pytest
 from adaspark_core.engine.base import Sampling
 from adaspark_core.sampling import distribution, draw, gumbel, scores
 
-from conftest import NEAR_TIE, PROMPTS
+from conftest import PROMPTS, assert_same_sample
 
 
 def reference(logits, s: Sampling) -> np.ndarray:
@@ -180,14 +180,13 @@ def test_speculative_sampling_gives_the_targets_joint_distribution_of_the_next_t
 
 @pytest.mark.model
 def test_speculation_never_changes_a_seeded_sample(lm, target):
-    from adaspark_core.engine.llama import score
     from adaspark_core.learned import Learners
     from adaspark_core.scheduler import parse_arm, run
 
     prompt = lm.chat_prompt([{"role": "user", "content": (PROMPTS / "rewrite.txt").read_text()}])
-    s = Sampling(0.8, top_p=0.95, seed=11)
+    s = Sampling(0.8, top_p=0.95, seed=12)  # a sample adaspark finds worth speculating on (not every one is)
     plain = run(target, prompt, parse_arm("ar"), 64, sampling=s)
-    assert plain.seed == 11 and set(plain.stats.widths) == {1}
+    assert plain.seed == 12 and set(plain.stats.widths) == {1}
     warm = Learners()
     run(target, prompt, parse_arm("adaspark"), 64, learners=warm)
     before = warm.state()
@@ -195,16 +194,9 @@ def test_speculation_never_changes_a_seeded_sample(lm, target):
     for arm in ("chain:4", "tree:8", "adaspark"):
         spec = run(target, prompt, parse_arm(arm), 64, sampling=s, learners=sampled if arm == "adaspark" else None)
         assert max(spec.stats.widths) > 1, arm  # it did speculate
-        if spec.tokens != plain.tokens:
-            # only where kernels of other shapes swapped the two best perturbed scores
-            i = next((i for i, (a, b) in enumerate(zip(spec.tokens, plain.tokens)) if a != b),
-                     min(len(spec.tokens), len(plain.tokens)))
-            row = score(lm, prompt + plain.tokens[:i])[-1]
-            _, sc = scores(row, s, 11, len(prompt) - 1 + i)
-            top2 = np.sort(sc)[-2:]
-            assert top2[1] - top2[0] < NEAR_TIE, (arm, i)  # the greedy rule on the perturbed scores
+        assert_same_sample(lm, prompt, spec.tokens, plain.tokens, s, 12, arm)
     assert sampled.state() != before and warm.state() == before  # it learnt into the learners it was given
-    other = run(target, prompt, parse_arm("ar"), 64, sampling=Sampling(0.8, top_p=0.95, seed=12))
+    other = run(target, prompt, parse_arm("ar"), 64, sampling=Sampling(0.8, top_p=0.95, seed=13))
     assert other.tokens != plain.tokens  # another seed, another sample
     greedy = run(target, prompt, parse_arm("ar"), 64)
     assert greedy.tokens != plain.tokens and greedy.seed is None

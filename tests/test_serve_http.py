@@ -16,7 +16,7 @@ import pytest
 
 from adaspark_core.record import read_log
 
-from conftest import PROMPTS, SIM
+from conftest import PROMPTS, SIM, assert_same_sample
 
 READY = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
 
@@ -179,12 +179,25 @@ def test_the_openai_client_chats_streams_and_completes(served, lm):
 
 
 @pytest.mark.model
-def test_a_sampled_request_is_seeded_and_says_how_it_was_drawn(served):
+def test_a_sampled_request_is_seeded_and_says_how_it_was_drawn(served, lm):
+    from adaspark_core.engine.base import Sampling
+
     client = served.client()
-    ask = dict(model="m", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=16,
-               temperature=0.9, top_p=0.95, seed=7)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    ask = dict(model="m", messages=messages, max_tokens=16, temperature=0.9, top_p=0.95, seed=7)
     a, b = (client.chat.completions.create(**ask) for _ in range(2))
-    assert a.choices[0].message.content == b.choices[0].message.content
+    # The same sample, up to kernel near ties (the second request's widths and reused prefix
+    # differ): its tokens, from the round log, which names each request by its response id.
+    tokens = {a.id: [], b.id: []}
+    for _ in range(50):  # a reply's last round is logged just after the reply is out
+        recs = [r for r in read_log(served.tmp / "rounds.jsonl") if r.request in tokens]
+        if sum(r.last for r in recs) == 2:
+            break
+        time.sleep(0.1)
+    for r in recs:
+        tokens[r.request] += r.emitted
+    assert b.choices[0].message.content == b"".join(map(lm.piece, tokens[b.id])).decode()
+    assert_same_sample(lm, lm.chat_prompt(messages), tokens[b.id], tokens[a.id], Sampling(0.9, top_p=0.95), 7)
     stats = a.model_extra["adaspark"]
     assert stats["decoding"].startswith("sampled (temperature 0.9, top_p 0.95)") and stats["seed"] == 7
     unseeded = client.chat.completions.create(**{**ask, "seed": None}).model_extra["adaspark"]
