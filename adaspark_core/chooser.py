@@ -133,13 +133,14 @@ class Lookahead:
         self.qs, self.held, cut = spine(cands, order)
         qs = self.qs + self.qs[-1:] * len(self.qs) if cut else self.qs
         self.g = continuation_values(qs, prices, rho, d) if qs else [0.0]
-        # L for every count m of spine nodes a prefix can hold: P(first m accepted) q_m G[m + 1];
-        # the whole spine verified leaves nothing to a later round unless it goes on.
+        # L for every count m of spine nodes a prefix can hold: P(first m accepted) q_m G[m + 1].
         self.by_held, p = [], 1.0
-        for m in range(len(self.qs) + 1):
-            self.by_held.append(p * qs[m] * self.g[m + 1] if m < len(qs) else 0.0)
-            if m < len(qs):
-                p *= qs[m]
+        for m, q in enumerate(self.qs):
+            self.by_held.append(p * q * self.g[m + 1])
+            p *= q
+        # The whole spine verified leaves a later round only the chain's going on, if it was cut.
+        n = len(self.qs)
+        self.by_held.append(p * qs[n] * self.g[n + 1] if cut else 0.0)
 
     def __call__(self, n: int) -> float:
         return self.by_held[at(self.held, n)]

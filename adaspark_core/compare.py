@@ -250,17 +250,16 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
     format adaspark_core/stats.py reads. ``repeat``: replies are decoded that many times and the
     median speed kept, with that run's trace (greedy decoding gives the same text each time).
 
-    ``warm``: first run the learning arms (those with learners: adaspark, cost, pinned:N; a
-    sampling arm samples, with the seed ``warm_seed`` gives each pass) over the whole workload (or over ``warm_convs``, e.g.
-    ``first_halves(convs)`` for a held-out measurement) that many times, untimed and unrecorded
-    (request ids ``warm<k>:...``), so the measured pass starts from the store they learned. Each
-    record says whether its conversation was in the warm passes (``warmed``). ``log_dir``: a
-    round log per scheduler arm
-    of the measured pass, ``<arm>.jsonl`` (``:`` as ``_``), and of the warm passes,
-    ``warm-<arm>.jsonl``; each file is started afresh. A log holds one arm, so ``adaspark replay``
-    drives one set of fresh learners through it, as the run did (after the warm log, if any). With
-    ``log_dir`` the baseline's prompts and replies also go to ``traces.jsonl`` (``adaspark
-    simulate``, tracesim.py)."""
+    ``warm``: first run the learning arms (those with learners: adaspark, cost, pinned:N; a sampling
+    arm samples, with the seed ``warm_seed`` gives each pass) over the whole workload (or over
+    ``warm_convs``, e.g. ``first_halves(convs)`` for a held-out measurement) that many times,
+    untimed and unrecorded (request ids ``warm<k>:...``), so the measured pass starts from the store
+    they learned. Each record says whether its conversation was in the warm passes (``warmed``).
+    ``log_dir``: a round log per scheduler arm of the measured pass, ``<arm>.jsonl`` (``:`` as
+    ``_``), and of the warm passes, ``warm-<arm>.jsonl``; each file is started afresh. A log holds
+    one arm, so ``adaspark replay`` drives one set of fresh learners through it, as the run did
+    (after the warm log, if any). With ``log_dir`` the baseline's prompts and replies also go to
+    ``traces.jsonl`` (``adaspark simulate``, tracesim.py)."""
     learning = [a for a in arms if getattr(a, "learners", None) is not None]
     logged = [a for a in arms if isinstance(a, SchedulerArm)]
     warmed = convs if warm_convs is None else warm_convs
