@@ -391,10 +391,7 @@ def render(s: dict, top: int = 12) -> str:
                if rows else "(none yet)")
 
     a = s["acceptance"]
-    gd = a["guard"]
-    out.append(f"\nAcceptance model: {a['requests']} requests; guard: priced by {gd['priced_by']} "
-               f"(log loss per node: head-based {_f(gd['head_loss_per_node'], '.4f')}, "
-               f"fitted {_f(gd['fitted_loss_per_node'], '.4f')}, over {gd['labelled_parents']} labelled parents)")
+    out.append(f"\nAcceptance model: {a['requests']} requests; {_guard(a['guard'])}")
     learned = [c for c in a["coefficients"] if c["labels"] or c["left_prior"]]
     if learned:
         out.append(_table([[c["name"], c["meaning"], _f(c["weight"], ".4f"), _f(c["prior"], ".4f"), c["labels"]]
@@ -407,11 +404,10 @@ def render(s: dict, top: int = 12) -> str:
     if r is None:
         out.append("\nSampled regime: none yet (the learners of sampled requests, copied from these at the first)")
     else:
-        n, g = r["counts"], r["acceptance"]["guard"]
+        n = r["counts"]
         out.append(f"\nSampled regime (temperature > 0, copied from the greedy learners at the first sampled "
                    f"request): acceptance model {n['acceptance_requests']} requests, cost model {n['cost_rounds']} "
-                   f"rounds; guard: priced by {g['priced_by']} (log loss per node: head-based "
-                   f"{_f(g['head_loss_per_node'], '.4f')}, fitted {_f(g['fitted_loss_per_node'], '.4f')})")
+                   f"rounds; {_guard(r['acceptance']['guard'])}")
         out += _buckets(r["acceptance"], top)
     m = s.get("memory")
     if m is None:
@@ -423,6 +419,11 @@ def render(s: dict, top: int = 12) -> str:
         out.append(f"  lookups {m['lookups']:,}, found a continuation {_pct(m['hit_rate'])}; memory nodes verified "
                    f"{m['rows']:,}, accepted {m['accepted']:,} ({_pct(m['acceptance'])})")
     return "\n".join(out) + "\n"
+
+
+def _guard(gd: dict) -> str:
+    return (f"guard: priced by {gd['priced_by']} (log loss per node: head-based {_f(gd['head_loss_per_node'], '.4f')}, "
+            f"fitted {_f(gd['fitted_loss_per_node'], '.4f')}, over {gd['labelled_parents']} labelled parents)")
 
 
 def _buckets(a: dict, top: int) -> list[str]:

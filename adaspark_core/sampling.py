@@ -99,8 +99,8 @@ def _top(x: np.ndarray, k: int) -> np.ndarray:
         ids = np.flatnonzero(x >= top - gap)
         if len(ids) >= k:
             break
-        if gap > 1e4 or not math.isfinite(gap):
-            return np.argpartition(x, n - k)[n - k :]  # -inf logits: no threshold reaches them
+        if gap > 1e4:  # fewer than k finite logits: no threshold reaches the -inf ones
+            return np.argpartition(x, n - k)[n - k :]
         gap *= 1.5  # a threshold a little past the k-th: few more ids to partition
     if len(ids) == k:
         return ids

@@ -188,30 +188,31 @@ def summarize(store: Store, learners: Learners | None = None, contexts: Iterable
     """The summary of ``store`` (its learners restored from it unless given). ``file_schema``: the
     schema of the file on disk, when the caller read it (the store itself is upgraded in memory)."""
     learners = learners if learners is not None else Learners.from_store(store)
-    policy, accept = learners.policy, learners.acceptance
-    bands = policy.chooser.bands
+    policy = learners.policy
     return {
         "path": str(store.path),
         "schema": SCHEMA,
         "file_schema": file_schema,
         "updated": store.updated,
         "fingerprint": fingerprint_summary(store.fingerprint),
-        "counts": {"requests": store.counts["requests"], "rounds": store.counts["rounds"],
-                   "cost_rounds": policy.cost.rounds, "chooser_rounds": sum(d.count for d in bands.values()),
-                   "acceptance_requests": accept.requests},
+        "counts": {"requests": store.counts["requests"], "rounds": store.counts["rounds"], **_learned_counts(learners)},
         "sections": sorted(store.sections),
         "cost": cost_summary(policy.cost, contexts, fit_points),
         "chooser": chooser_summary(policy.chooser),
-        "acceptance": acceptance_summary(accept),
+        "acceptance": acceptance_summary(learners.acceptance),
         "sampled": _regime_summary(learners.sampled) if learners.sampled is not None else None,
     }
+
+
+def _learned_counts(ls: Learners) -> dict:
+    """What a regime's learners have seen: cost-model and chooser rounds, acceptance requests."""
+    return {"cost_rounds": ls.policy.cost.rounds,
+            "chooser_rounds": sum(d.count for d in ls.policy.chooser.bands.values()),
+            "acceptance_requests": ls.acceptance.requests}
 
 
 def _regime_summary(ls: Learners) -> dict:
     """The sampled regime: its counts, chooser and acceptance model (its cost model learns the
     same verify times the greedy one does)."""
-    return {"counts": {"cost_rounds": ls.policy.cost.rounds,
-                       "chooser_rounds": sum(d.count for d in ls.policy.chooser.bands.values()),
-                       "acceptance_requests": ls.acceptance.requests},
-            "chooser": chooser_summary(ls.policy.chooser),
+    return {"counts": _learned_counts(ls), "chooser": chooser_summary(ls.policy.chooser),
             "acceptance": acceptance_summary(ls.acceptance)}
