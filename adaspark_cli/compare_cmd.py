@@ -55,7 +55,7 @@ def compare(
     sample_top_k: int = console.SAMPLE_TOP_K,
     top_p: float = console.TOP_P,
     min_p: float = console.MIN_P,
-    seed: int = typer.Option(0, "--seed", help="Sampling: the seed every arm samples with (so arms sample the same text)."),
+    seed: int = typer.Option(0, "--seed", min=console.sampling_fields.SEED_RANGE[0], max=console.sampling_fields.SEED_RANGE[1], help="Sampling: the seed every arm samples with (so arms sample the same text)."),
     reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix", help="Prefill only what follows the KV the last reply left (the AdaSpark arms; decode speed is timed after the prefill either way)."),
 ) -> None:
     """Run several arms over the same conversations, each carrying its own replies as history, and
@@ -75,6 +75,14 @@ def compare(
             landing(out / RESULTS)
         with Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k, reuse_prefix)) as rt:
             names, replies = _run(rt, arms, convs, max_tokens, repeat, warm, logs, memory_mb, warm_convs, how)
+            turns, skipped = sum(len(c.turns) for c in convs), cmp.left_out(convs, replies, names[0])
+            fit = (f"the context of {rt.target.n_ctx} tokens (a prompt plus --max-tokens {max_tokens} must fit: "
+                   f"raise --n-ctx or lower --max-tokens)")
+            if skipped == turns:
+                raise InputError(f"no turn of the workload fits {fit}")
+            if skipped:
+                sys.stderr.write(f"adaspark: note: {skipped} of {turns} turns left out: their conversations "
+                                 f"outgrew {fit}\n")
             summary = summarize(replies, names, baseline="ar", resamples=resamples, band_by="midpoint")
             if warm_convs is not None and warm:
                 summary["held_out"] = {half: summarize(part, names, baseline="ar", resamples=resamples, band_by="midpoint")

@@ -15,6 +15,7 @@ from typing import Optional
 import orjson
 import typer
 
+from adaspark_core import sampling as sampling_fields
 from adaspark_core.engine.base import Sampling
 from adaspark_core.errors import InputError, OutputError
 
@@ -102,10 +103,10 @@ THREADS = typer.Option(None, "--threads", min=1, help="CPU threads (default: all
 ARM = typer.Option("adaspark", "--arm", help="adaspark, cost, pinned:N, tree:N, chain:N or ar.")
 STORE = typer.Option(None, "--store", help="Learned state for the learning arms (default: one per model, drafter and machine, in the cache).")
 TEMPERATURE = typer.Option(0.0, "--temperature", min=0.0, max=2.0, help="0: greedy. Above 0: sampled, with speculation that never changes the sample (draws keyed by --seed and position).")
-SAMPLE_TOP_K = typer.Option(0, "--top-k", min=0, help="Sampling: keep the K most likely tokens (0: all).")
+SAMPLE_TOP_K = typer.Option(0, "--top-k", min=0, max=sampling_fields.TOP_K_MAX, help="Sampling: keep the K most likely tokens (0: all).")
 TOP_P = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Sampling: keep the most likely tokens up to this mass.")
 MIN_P = typer.Option(0.0, "--min-p", min=0.0, max=1.0, help="Sampling: keep tokens at least this share of the most likely one's probability.")
-SEED = typer.Option(None, "--seed", help="Sampling: the seed (default: a random one, reported).")
+SEED = typer.Option(None, "--seed", min=sampling_fields.SEED_RANGE[0], max=sampling_fields.SEED_RANGE[1], help="Sampling: the seed (default: a random one, reported).")
 MEMORY_MB = typer.Option(64.0, "--memory-mb", min=0.0, help="Cap of the n-gram memory of earlier replies kept beside the store (learning arms with n-gram candidates); 0: no memory.")
 LOG = typer.Option(None, "--log", help="Append one JSON line per round to this file (for adaspark replay).")
 

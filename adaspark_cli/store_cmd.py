@@ -14,6 +14,7 @@ this version does not know (``show`` and ``import`` restore it with learned.Lear
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -28,7 +29,8 @@ from adaspark_core.engine.simlm import is_sim
 from adaspark_core.errors import InputError
 from adaspark_core.fingerprint import fingerprint, fingerprint_key
 from adaspark_core.learned import Learners
-from adaspark_core.memory import load as load_memory, memory_path, save as save_memory
+from adaspark_core.files import read_regular
+from adaspark_core.memory import GRAM, MAX_CORPUS_BYTES, load as load_memory, memory_path, save as save_memory
 from adaspark_core.runtime import open_model
 from adaspark_core.models import default_model_file
 from adaspark_core.store import Store, StoreError, default_store_path
@@ -141,9 +143,9 @@ store_app.command("show")(inspect_store)
 
 def _memory_summary(path: Path, fp: dict) -> Optional[dict]:
     """The n-gram memory beside the store (None: there is none); a bad one is reported."""
-    if not memory_path(path).exists():
+    if not os.path.lexists(memory_path(path)):
         return None
-    summary = load_memory(path, fingerprint_key(fp)).summary()
+    summary = load_memory(path, fingerprint_key(fp), cap_mb=None).summary()
     summary["file_bytes"] = memory_path(path).stat().st_size
     return summary
 
@@ -200,21 +202,27 @@ def memorize(
         texts = []
         for f in files:
             try:
-                texts.append(f.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError) as e:
-                raise InputError(f"cannot read {f} as UTF-8 text ({getattr(e, 'strerror', None) or e})") from None
+                texts.append(read_regular(f, "the corpus file", MAX_CORPUS_BYTES).decode("utf-8"))
+            except FileNotFoundError:
+                raise InputError(f"the corpus file {f} was not found") from None
+            except UnicodeDecodeError:
+                raise InputError(f"cannot read the corpus file {f} as UTF-8 text") from None
         path, fp = locate(store, model, drafter, need_fingerprint=True)
         lm = open_model(model)
         with Store.open(path, fp) as st:  # the lock: never under a process that is learning into the store
             if not path.exists():
                 st.save()  # an empty store, so the memory has its store (store show, reset)
-            memory = load_memory(path, fingerprint_key(fp), memory_mb)
-            before = memory.n_tokens
-            memory.add_many([lm.tokenize(text, False) for text in texts])
+            memory = load_memory(path, fingerprint_key(fp), memory_mb, lm.n_vocab)
+            evicted = memory.evicted
+            documents = [lm.tokenize(text, False) for text in texts]
+            memory.add_many(documents)
             save_memory(memory, path, fingerprint_key(fp))
         lm.close()
-        typer.echo(f"memorized {len(files)} file{'s' if len(files) > 1 else ''}: {memory.n_tokens - before:,} tokens "
-                   f"added, {memory.n_tokens:,} in {memory_path(path)} ({memory.evicted:,} evicted so far)")
+        added = sum(len(d) for d in documents if len(d) > GRAM)  # shorter ones hold no n-gram: not kept
+        evicted = memory.evicted - evicted
+        typer.echo(f"memorized {len(files)} file{'s' if len(files) > 1 else ''}: {added:,} tokens added, "
+                   f"{memory.n_tokens:,} in {memory_path(path)}"
+                   + (f"; the {memory_mb:g} MB cap evicted the oldest {evicted:,}" if evicted else ""))
 
 
 @store_app.command("export")
@@ -232,8 +240,9 @@ def export(
         st, _ = read_store(path, fp, hint=hint)
         if file.is_dir():
             raise InputError(f"{file} is a directory; name the file to write")
-        if file.exists() and file.resolve() == path.resolve():
-            raise InputError(f"{file} is the store itself; {hint}")
+        for what, own in (("the store itself", path), ("the store's n-gram memory", memory_path(path))):
+            if os.path.realpath(file) == os.path.realpath(own):
+                raise InputError(f"{file} is {what}; {hint}")
         try:
             Store.export(path, file)  # reads once more: what it checks is what it copies
         except OSError as e:
@@ -414,7 +423,7 @@ def render(s: dict, top: int = 12) -> str:
         out.append("\nN-gram memory: none yet (it keeps the replies of learning arms with n-gram candidates)")
     else:
         out.append(f"\nN-gram memory: {m['documents']:,} documents, {m['tokens']:,} tokens, {m['ngrams']:,} n-grams "
-                   f"({m['distinct_ngrams']:,} distinct), {m['mb']:.1f} MB in memory of a {m['cap_mb']:g} MB cap, "
+                   f"({m['distinct_ngrams']:,} distinct), {m['mb']:.1f} MB in memory, "
                    f"{m['file_bytes']:,} bytes on disk, {m['evicted_tokens']:,} tokens evicted")
         out.append(f"  lookups {m['lookups']:,}, found a continuation {_pct(m['hit_rate'])}; memory nodes verified "
                    f"{m['rows']:,}, accepted {m['accepted']:,} ({_pct(m['acceptance'])})")

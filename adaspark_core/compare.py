@@ -380,6 +380,13 @@ def _pass(convs: list[Conversation], arms: list, chat_prompt, n_ctx: int, max_to
     return records
 
 
+def left_out(convs: list[Conversation], records: list[dict], baseline: str) -> int:
+    """The turns of ``convs`` the baseline never decoded: a conversation ends where its next
+    prompt and the reply cap no longer fit the context (``_pass``)."""
+    done = {(r["conversation"], r["turn"]) for r in records if r["arm"] == baseline}
+    return sum(len(c.turns) for c in convs) - len(done)
+
+
 def _answer(arm, prompt, max_tokens, request_id, repeat) -> Answer:
     # A repeat must not find its own reply in the arm's n-gram memory: only the last run adds it.
     answers = [arm.answer(prompt, max_tokens, request_id,

@@ -12,6 +12,11 @@ One set of rules, so every command treats a path the same way:
 - A log is appended to. Appending destroys nothing, so besides a regular file or a new path it
   may go to a FIFO or a character device (``--log /dev/stderr``, a pipe to a compressor).
 
+Reading the files AdaSpark keeps (the store, its n-gram memory) and a corpus to memorize follows
+the same rule: only a regular file is read, and only up to a size bound given by what the file
+can hold. A FIFO would block the read forever and a device (``/dev/zero``) would fill the RAM, so
+both are refused with one line before a byte is read (``read_regular``).
+
 Folders missing on the way are created; a path through something that is not a folder is
 refused by name (``x.json/store.json`` where ``x.json`` is a file).
 """
@@ -67,6 +72,41 @@ def _make_folders(path: PathLike, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"cannot write {path}: cannot make the folder {folder} ({e.strerror or e})") from None
+
+
+class TooLarge(InputError):
+    """A file to read that holds more bytes than it can (``read_regular``)."""
+
+
+def read_regular(path: PathLike, what: str, limit: int) -> bytes:
+    """The bytes of the regular file at ``path`` (its symlinks followed). FileNotFoundError if
+    there is none; InputError naming ``what`` and the path if it is anything else (checked on the
+    open descriptor, which a FIFO without a writer does not block: O_NONBLOCK), cannot be read,
+    or holds more than ``limit`` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise InputError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"cannot read {what} {path}: it is {_kind(st.st_mode)}; only a regular file is read")
+        if st.st_size > limit:
+            raise TooLarge(f"{what} {path} holds {st.st_size:,} bytes, more than the {limit:,} it can; "
+                           f"it was left as is")
+        data = b""
+        try:
+            # as much as fstat said, then on in 1 MB reads: a file that grew is read boundedly too
+            while len(data) <= limit and (chunk := f.read(min(max(st.st_size + 1 - len(data), 1 << 20),
+                                                              limit + 1 - len(data)))):
+                data += chunk
+        except OSError as e:
+            raise InputError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise TooLarge(f"{what} {path} holds more than the {limit:,} bytes it can; it was left as is")
+    return data
 
 
 def replace(path: PathLike, data: bytes) -> Path:

@@ -29,14 +29,15 @@ A file that does not parse is reported and left as is, like a bad store.
 
 from __future__ import annotations
 
+import math
 from array import array
 from pathlib import Path
 
 import numpy as np
 import orjson
 
-from .errors import OutputError
-from .files import replace
+from .errors import InputError, OutputError
+from .files import TooLarge, read_regular, replace
 from .ngram import COPY_MIN
 from .store import StoreError
 
@@ -47,6 +48,9 @@ DEFAULT_CAP_MB = 64.0
 BYTES_PER_TOKEN = 4 + 8 + 8  # the token (int32), its gram's hash (uint64) and end (int64)
 MAGIC = b"ADASPARK-NGRAM-MEMORY\n"
 VERSION = 1
+MAX_HEAD = 4096  # bytes of the header line (a few counts: a few hundred)
+MAX_FILE_BYTES = 1 << 36  # a file to inspect, whatever cap it was written under (64 GB)
+MAX_CORPUS_BYTES = 256 << 20  # a text file to memorize: ~60M tokens, some 20 times a 64 MB cap's worth
 _B = 1_000_003  # the gram hash's base (arithmetic mod 2^64)
 _MASK = (1 << 64) - 1
 
@@ -217,7 +221,8 @@ class NgramMemory:
         return {
             "documents": self.documents, "tokens": self.n_tokens, "ngrams": len(self._keys),
             "distinct_ngrams": int(len(np.unique(self._keys))) if len(self._keys) else 0,
-            "mb": self.nbytes / 1e6, "cap_mb": self.cap_mb, "evicted_tokens": self.evicted,
+            "mb": self.nbytes / 1e6, "cap_mb": self.cap_mb if math.isfinite(self.cap_mb) else None,
+            "evicted_tokens": self.evicted,
             "lookups": self.lookups, "hit_rate": self.found / self.lookups if self.lookups else None,
             "rows": self.rows, "accepted": self.accepted,
             "acceptance": self.accepted / self.rows if self.rows else None,
@@ -232,12 +237,15 @@ class NgramMemory:
         return MAGIC + orjson.dumps(head) + b"\n" + np.frombuffer(self.tokens, np.int32).astype("<i4").tobytes()
 
     @classmethod
-    def from_bytes(cls, raw: bytes, owner: str, cap_mb: float = DEFAULT_CAP_MB) -> "NgramMemory":
-        """The memory a file holds; MemoryFileError saying what is wrong, or whose it is not."""
+    def from_bytes(cls, raw: bytes, owner: str, cap_mb: float = DEFAULT_CAP_MB,
+                   n_vocab: int | None = None) -> "NgramMemory":
+        """The memory a file holds; MemoryFileError saying what is wrong, or whose it is not. Every
+        token must be in the model's vocabulary (``n_vocab``, when known): a flipped byte would
+        otherwise become a candidate the engine cannot decode."""
         if not raw.startswith(MAGIC):
             raise MemoryFileError("not an AdaSpark n-gram memory")
         body = raw[len(MAGIC):]
-        nl = body.find(b"\n")
+        nl = body.find(b"\n", 0, MAX_HEAD)
         try:
             head = orjson.loads(body[:nl]) if nl >= 0 else None
         except orjson.JSONDecodeError:
@@ -255,6 +263,9 @@ class NgramMemory:
         toks = np.frombuffer(data, dtype="<i4")
         if len(toks) and (toks[0] != SEP or toks.min() < SEP or int((toks == SEP).sum()) != head["documents"]):
             raise MemoryFileError("its tokens are not documents separated as written")
+        if n_vocab is not None and len(toks) and int(toks.max()) >= n_vocab:
+            raise MemoryFileError(f"it holds token id {int(toks.max())}, outside the model's vocabulary of "
+                                  f"{n_vocab} (a damaged file)")
         m = cls(cap_mb)
         m.tokens = array("i", toks.astype(np.int32).tobytes())
         for k in ("evicted", "lookups", "found", "rows", "accepted"):
@@ -268,21 +279,37 @@ def memory_path(store_path: Path) -> Path:
     return store_path.with_name(store_path.name + ".memory")
 
 
-def load(store_path: Path, owner: str, cap_mb: float = DEFAULT_CAP_MB) -> NgramMemory:
-    """The memory beside ``store_path`` (an empty one if there is no file); InputError naming
-    the file if it cannot be read: it is left as is, never silently replaced."""
+def load(store_path: Path, owner: str, cap_mb: float | None = DEFAULT_CAP_MB,
+         n_vocab: int | None = None) -> NgramMemory:
+    """The memory beside ``store_path`` (an empty one if there is no file), checked against the
+    model's vocabulary (``n_vocab``) and the cap it is to run under (``cap_mb``; None: any size,
+    to inspect it). StoreError naming the file if it cannot be read, or if it is larger than the
+    cap: the first reply would evict most of it, so a cap set too low would silently destroy what
+    was learned. The file is left as is, never silently replaced."""
     path = memory_path(store_path)
+    if cap_mb is None:
+        cap_mb, limit = math.inf, MAX_FILE_BYTES
+    else:
+        # a memory within the cap has at most cap / 4 bytes of tokens (BYTES_PER_TOKEN counts 4)
+        limit = len(MAGIC) + MAX_HEAD + int(cap_mb * 1e6)
+    over = (f"its cap of {cap_mb:g} MB (--memory-mb); it was left as is: raise the cap, or run "
+            f"`adaspark store reset --memory` to start it afresh")
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, "the n-gram memory", limit)
     except FileNotFoundError:
         return NgramMemory(cap_mb)
-    except OSError as e:
-        raise StoreError(f"cannot read the n-gram memory {path}: {e.strerror or e}") from None
+    except TooLarge:
+        raise StoreError(f"the n-gram memory {path} is larger than {over}") from None
+    except InputError as e:
+        raise StoreError(str(e)) from None
     try:
-        return NgramMemory.from_bytes(raw, owner, cap_mb)
+        m = NgramMemory.from_bytes(raw, owner, cap_mb, n_vocab)
     except MemoryFileError as e:
         raise StoreError(f"the n-gram memory {path} cannot be used: {e}; it was left as is: move it away "
                          f"or run `adaspark store reset --memory`") from None
+    if m.nbytes > cap_mb * 1e6:
+        raise StoreError(f"the n-gram memory {path} takes {m.nbytes / 1e6:.3g} MB, more than {over}")
+    return m
 
 
 def save(memory: NgramMemory, store_path: Path, owner: str) -> None:

@@ -13,6 +13,7 @@ virtual clock, for testing everything around the engine without llama.cpp).
 from __future__ import annotations
 
 import codecs
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from .engine.base import Sampling
 from .errors import InputError
 from .fingerprint import fingerprint, fingerprint_key
 from .learned import Learners
-from .memory import DEFAULT_CAP_MB, NgramMemory, load as load_memory, save as save_memory
+from .memory import DEFAULT_CAP_MB, NgramMemory, load as load_memory, memory_path, save as save_memory
 from .record import RoundLog
 from .scheduler import Arm, Generation, parse_arm
 from .store import Store, default_store_path
@@ -64,6 +65,19 @@ def _drafter(spec: str, model, target, opts: EngineOptions):
     return make_drafter(spec, target, opts.threads, opts.block, opts.top_k)
 
 
+def _check_log(log: Path, rt: "Runtime") -> None:
+    """Refuse a round log that names a file the runtime reads or keeps (the model, the drafter,
+    the store and its memory): appending to it would ruin it, and the next save would replace the
+    log. InputError naming both."""
+    mine = {"the model file": rt.model.path, "the store": rt.store.path if rt.store else None,
+            "the store's n-gram memory": memory_path(rt.store.path) if rt.store else None,
+            "the drafter file": getattr(getattr(rt.drafter, "model", None), "path", None)}
+    real = os.path.realpath(log)
+    for what, path in mine.items():
+        if path is not None and os.path.realpath(path) == real:
+            raise InputError(f"the round log {log} is {what}; name another file for --log")
+
+
 class Runtime:
     """Owns what it opened. ``save()`` writes the learned state (learning arms only); ``close()``
     releases the store, closes the log, and frees the drafter and the target. Closing does not
@@ -95,8 +109,10 @@ class Runtime:
                 rt.store = Store.open(store or default_store_path(fp), fp)
                 rt.learners = Learners.from_store(rt.store)
                 if the_arm.uses_ngram and memory_mb > 0:
-                    rt.memory = load_memory(rt.store.path, fingerprint_key(fp), memory_mb)
-            rt.log = RoundLog(log) if log is not None else None
+                    rt.memory = load_memory(rt.store.path, fingerprint_key(fp), memory_mb, rt.model.n_vocab)
+            if log is not None:
+                _check_log(log, rt)
+                rt.log = RoundLog(log)
         except BaseException:
             rt.close()
             raise
@@ -125,10 +141,11 @@ class Runtime:
                           memory=self.memory, sampling=sampling)
 
     def run(self, gen: Generation, on_text: Callable[[str], None] | None = None,
-            stop: Callable[[], bool] | None = None) -> str:
+            stop: Callable[[], str | None] | None = None) -> str:
         """Decode ``gen``, passing each round's text to ``on_text`` as it comes (a UTF-8
         sequence may span tokens: it is held until whole). ``stop()`` is asked after every round
-        and ends the reply early when true. Returns the whole text."""
+        and ends the reply early when it gives a finish ("stop", "interrupted"; Generation.end).
+        Returns the whole text."""
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         parts: list[str] = []
 
@@ -141,7 +158,8 @@ class Runtime:
         try:
             for emitted in rounds:
                 out(utf8.decode(b"".join(map(self.model.piece, emitted))))
-                if stop is not None and stop():
+                if stop is not None and (finish := stop()):
+                    gen.end(finish)
                     break
         finally:
             rounds.close()  # the reply's last round learns when its generator ends (scheduler.Generation)

@@ -138,16 +138,24 @@ def kept(logits: np.ndarray, s: Sampling) -> np.ndarray:
     return ids
 
 
+def _scaled(x: np.ndarray, temperature: float) -> np.ndarray:
+    """``x / T`` up to a constant: ``(x - max) / T``, which stays finite at the top however small T
+    is (``x / 1e-300`` is inf for every positive logit, and the draw would take the first of them)."""
+    with np.errstate(over="ignore"):  # far tokens go to -inf at a tiny T: right, and no warning
+        return (x - x.max()) / temperature
+
+
 def distribution(logits: np.ndarray, s: Sampling) -> tuple[np.ndarray, np.ndarray]:
     """(the kept token ids, their probabilities): the distribution a draw follows."""
     ids = kept(logits, s)
-    return ids, _softmax(np.asarray(logits, dtype=np.float64)[ids] / s.temperature)
+    return ids, _softmax(_scaled(np.asarray(logits, dtype=np.float64)[ids], s.temperature))
 
 
 def scores(logits: np.ndarray, s: Sampling, seed: int, pos: int) -> tuple[np.ndarray, np.ndarray]:
-    """(kept ids, their perturbed scores logit / T + Gumbel noise): the draw is the best."""
+    """(kept ids, their perturbed scores logit / T + Gumbel noise, less a constant): the draw is
+    the best."""
     ids = kept(logits, s)
-    return ids, np.asarray(logits, dtype=np.float64)[ids] / s.temperature + gumbel(seed, pos, ids)
+    return ids, _scaled(np.asarray(logits, dtype=np.float64)[ids], s.temperature) + gumbel(seed, pos, ids)
 
 
 def draw(logits: np.ndarray, s: Sampling, seed: int, pos: int) -> int:
@@ -155,32 +163,42 @@ def draw(logits: np.ndarray, s: Sampling, seed: int, pos: int) -> int:
 
     With top-k the kept set is small and is built (``scores``). Without it, building the top-p
     set would sort the vocabulary (2 ms a row here); instead the perturbed scores of every token
-    are ranked and the first one the chain keeps wins, each checked on its own: min-p against the
-    top logit, top-p by the mass of the tokens ranked before it (llama.cpp's order: higher logit,
-    then lower id) being under p. The first or second is nearly always kept."""
+    are ranked and the first one the chain keeps wins. Min-p refuses every token under its floor
+    at once. Top-p keeps a token iff the mass of the tokens before it (llama.cpp's order: higher
+    logit, then lower id) is under p, and always the first (llama.cpp's ``min_keep``: at top_p 0
+    the draw is greedy); a token it refuses refuses every less likely one with it, so the loop
+    ends within a few turns however small p is."""
     if 0 < s.top_k < len(logits):
         ids, sc = scores(logits, s, seed, pos)
         return int(ids[int(np.argmax(sc))])
     x = np.asarray(logits, dtype=np.float64)
-    sc = x / s.temperature + gumbel_all(seed, pos, len(x))
+    sc = _scaled(x, s.temperature) + gumbel_all(seed, pos, len(x))
     top = x.max()
-    floor = top + math.log(s.min_p) if s.min_p > 0.0 else -math.inf
-    e = np.exp(x - top) if s.top_p < 1.0 else None
-    total = e.sum() if e is not None else 0.0
-    while True:
+    if s.min_p > 0.0:
+        sc[x < top + math.log(s.min_p)] = -np.inf
+    if s.top_p >= 1.0:
+        return int(np.argmax(sc))
+    e = np.exp(x - top)
+    total = e.sum()
+    for _ in range(len(x)):
         t = int(np.argmax(sc))
-        kept = x[t] >= floor
-        if kept and e is not None:
-            before = e[x > x[t]].sum() + e[:t][x[:t] == x[t]].sum()
-            kept = before / total < s.top_p
-        if kept:
+        if sc[t] == -np.inf:
+            break  # nothing left: NaN logits (NaN compares false everywhere)
+        before = e[x > x[t]].sum() + e[:t][x[:t] == x[t]].sum()
+        if before == 0.0 or before / total < s.top_p:
             return t
         sc[t] = -np.inf
+        sc[x < x[t]] = -np.inf
+    return int(np.argmax(x))  # a token, not a hang
 
 
 # --- a request's sampling fields (serve-stdin and serve) ---------------------------------------------
 
 FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed")
+# What a round record (JSON: 64-bit integers) can hold: a seed is any signed or unsigned 64-bit
+# integer; a top-k past the vocabulary keeps everything, and past 2^31 it is not a count.
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
+TOP_K_MAX = (1 << 31) - 1
 
 
 class FieldError(ValueError):
@@ -207,12 +225,15 @@ def from_fields(body: dict, default_temperature: float = 0.0) -> Sampling | None
     temperature = _number(body, "temperature", 0.0, 2.0, default_temperature)
     top_p = _number(body, "top_p", 0.0, 1.0, 1.0)
     min_p = _number(body, "min_p", 0.0, 1.0, 0.0)
-    top_k, seed = body.get("top_k"), body.get("seed")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
-        raise FieldError("top_k", "top_k must be an integer of at least 0 (0: off)")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise FieldError("seed", "seed must be an integer")
+    top_k = _integer(body, "top_k", 0, TOP_K_MAX, "(0: off)")
+    seed = _integer(body, "seed", *SEED_RANGE)
     if temperature == 0.0:
         return None
     return Sampling(temperature, top_p, top_k or 0, min_p, seed)
 
+
+def _integer(body: dict, name: str, lo: int, hi: int, note: str = "") -> int | None:
+    v = body.get(name)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
+        raise FieldError(name, f"{name} must be an integer from {lo} to {hi}" + (f" {note}" if note else ""))
+    return v

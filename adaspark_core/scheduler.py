@@ -40,6 +40,7 @@ from .tree import MAX_CHAIN_DEPTH, PICK, Candidate
 MAX_ALTS = 1
 
 STOP, LENGTH, CONTEXT = "stop", "length", "context"
+INTERRUPTED = "interrupted"  # ended by its consumer: a stop string's cut, a client gone, a signal
 
 
 ADAPTIVE_MAX_WIDTH = 64  # the widest rung of the cost model's ladder
@@ -345,7 +346,7 @@ class Generation:
         self.last_record: RoundRecord | None = None
         self.stats = Stats()
         self._t_start = 0.0  # the first round's start, the zero of the records' ``start``
-        self._unsettled: RoundRecord | None = None  # the last round, until it has learned
+        self._unsettled: RoundRecord | None = None  # the latest round, until it has learned
 
     def __iter__(self) -> Iterator[list[int]]:
         target = self.target
@@ -366,13 +367,22 @@ class Generation:
                 self.stats.delta(len(emitted), self.clock())
                 yield emitted
         finally:
-            # Also when the consumer stops iterating after the last round (the generator is
-            # closed): every round of the reply is learned from and logged, in order.
+            # Also when the consumer stops iterating (the generator is closed): every round of
+            # the reply is learned from and logged, in order, and the last one says it is. A
+            # reply ended early has its finish from ``end``, else "interrupted".
             if self._unsettled is not None:
                 rec, self._unsettled = self._unsettled, None
+                self.finish = self.finish or INTERRUPTED
+                rec.last, rec.finish = True, self.finish
                 self._learn_and_log(rec)
             if self.memory is not None and self.remember and self.tokens:
                 self.memory.add(self.tokens)
+
+    def end(self, finish: str = INTERRUPTED) -> None:
+        """End the reply with ``finish`` (e.g. "stop" where a stop string cut it, also in a round
+        that ended it anyway): no round follows, and the last one decoded is recorded as the
+        reply's last, with this finish."""
+        self.finish = finish
 
     @property
     def last_width(self) -> int:
@@ -380,6 +390,11 @@ class Generation:
 
     def _round(self, rnd: int, room: int) -> list[int]:
         target, arm, st = self.target, self.arm, self.stats
+        if self._unsettled is not None:
+            # The previous round learns now, after its tokens went out, and before this round
+            # decides; held until here so that, if it was the last, its record can say so.
+            rec, self._unsettled = self._unsettled, None
+            self._learn_and_log(rec)
         t0 = self.clock()
         if rnd == 0:
             self._t_start = t0
@@ -458,12 +473,7 @@ class Generation:
             sampling=self._sampling_json,
         )
         self.last_record = rec
-        if finish is None:
-            self._learn_and_log(rec)
-        else:
-            # The reply's last round learns after its tokens are out (see __iter__): its learning
-            # ends the request with the cost model's refits, which the client need not wait for.
-            self._unsettled = rec
+        self._unsettled = rec  # learns at the next round or when the reply ends (__iter__)
         return emitted
 
     def _learn_and_log(self, rec: RoundRecord) -> None:

@@ -13,9 +13,7 @@ from typing import Callable, Iterable
 from .engine.base import Sampling
 from .errors import OutputError
 from .runtime import Runtime
-from .scheduler import Stats
-
-INTERRUPTED = "interrupted"  # a reply ended early: a signal, or a client that went away
+from .scheduler import INTERRUPTED, STOP, Stats
 
 
 class StopStrings:
@@ -96,8 +94,10 @@ def serve_request(rt: Runtime, prompt: list[int], max_tokens: int, name: str, *,
         if out and on_text is not None:
             on_text(out)
 
-    def stop() -> bool:
-        return scan.hit or (cancelled is not None and cancelled())
+    def stop() -> str | None:
+        if scan.hit:
+            return STOP
+        return INTERRUPTED if cancelled is not None and cancelled() else None
 
     try:
         rt.run(gen, on_text=settled, stop=stop)
@@ -107,11 +107,7 @@ def serve_request(rt: Runtime, prompt: list[int], max_tokens: int, name: str, *,
     rest = scan.flush()
     if rest and on_text is not None:
         on_text(rest)
-    if scan.hit:
-        finish = "stop"
-    else:
-        finish = gen.finish or INTERRUPTED
-    return Reply(scan.text, finish, len(prompt), rt.target.reused, gen.stats, rt.arm.name, sampling, gen.seed)
+    return Reply(scan.text, gen.finish, len(prompt), rt.target.reused, gen.stats, rt.arm.name, sampling, gen.seed)
 
 
 def keep(rt: Runtime, rounds: int, requests: int, on_warning: Callable[[str], None] | None) -> None:

@@ -45,7 +45,7 @@ from typing import Callable
 import orjson
 
 from .errors import InputError, OutputError
-from .files import landing, replace
+from .files import landing, read_regular, replace
 from .fingerprint import differences, fingerprint_key, same_fingerprint
 from .paths import stores_dir
 from .schema import apply_upgrades
@@ -67,6 +67,9 @@ UPGRADES: list[Callable[[dict], dict]] = [_same_file]
 FIELDS = ("schema", "fingerprint", "updated", "counts", "sections")  # of a store file (to_json)
 _DUMP = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
 _HINT = "it was left as is: move it away or run `adaspark store reset`"
+# The largest store file read: a store holds a few hundred KB (24 widths' sample banks, the
+# acceptance buckets), so this is a damaged or foreign file, refused before it fills the RAM.
+MAX_BYTES = 64 << 20
 
 PathLike = str | os.PathLike
 
@@ -189,15 +192,16 @@ def _check(d: dict) -> None:
 
 
 def _read(path: Path, missing_ok: bool = False) -> bytes | None:
-    """The file's bytes; None for a missing file if ``missing_ok``; StoreError otherwise."""
+    """The file's bytes; None for a missing file if ``missing_ok``; StoreError otherwise (also for
+    a FIFO, a device or a file past MAX_BYTES: files.read_regular)."""
     try:
-        return path.read_bytes()
+        return read_regular(path, "the store", MAX_BYTES)
     except FileNotFoundError:
         if missing_ok:
             return None
         raise StoreError(f"there is no store at {path}") from None
-    except OSError as e:
-        raise StoreError(f"store {path} cannot be read ({e.strerror or e})") from None
+    except InputError as e:
+        raise StoreError(str(e)) from None
 
 
 def _parse(raw: bytes, path: Path, hint: str = _HINT) -> dict:

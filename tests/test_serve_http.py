@@ -239,7 +239,9 @@ def test_a_client_that_leaves_mid_stream_stops_its_decode_and_its_learning_is_ke
     r = served.post("/v1/chat/completions", chat_body("Say hi.", max_tokens=4))
     assert r.status_code == 200
     rounds = [rec for rec in read_log(served.tmp / "rounds.jsonl") if rec.request == rid]
-    assert rounds and all(rec.finish is None for rec in rounds)  # cut short, not ended by stop or length
+    # cut short, not ended by stop or length: the last round decoded says so
+    assert rounds and [rec.finish for rec in rounds] == [None] * (len(rounds) - 1) + ["interrupted"]
+    assert rounds[-1].last and not any(rec.last for rec in rounds[:-1])
     assert sum(len(rec.emitted) for rec in rounds) < 2000
     assert store_requests(served) == before + 2
 
