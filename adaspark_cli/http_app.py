@@ -9,11 +9,19 @@ dropped connection) marks its job cancelled: a waiting job is skipped, a running
 next round, its learning kept. SIGINT/SIGTERM: running replies end after their current round
 with finish_reason "interrupted", waiting ones get 503, the store is saved, and the process exits
 128 + the signal's number.
+
+What one client may take is bounded (``Limits``): a request body is refused with 413 past
+``--max-body-mb``, read incrementally, never whole before it is measured; a connection must send
+its request's headers within ``--header-timeout`` of opening (or of its previous response); past
+``--max-connections`` open connections a new one is answered 503 and closed at once. uvicorn has
+neither of the last two (its keep-alive timer starts only after a response; its
+``limit_concurrency`` acts only once a request's headers are in), so ``_Protocol`` adds them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import signal
 import socket
@@ -23,12 +31,14 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
+import h11
 import orjson
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from sse_starlette.sse import AppStatus, EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from adaspark_core import openai_api as api
 from adaspark_core.errors import InputError
@@ -37,6 +47,20 @@ from adaspark_core.runtime import Runtime
 from adaspark_core.service import Reply, keep, serve_request
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
+KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this (uvicorn's and llama-server's default)
+MAX_HEADERS = 16 * 1024  # a request line and headers past this get 400 (h11's default, said here as a limit)
+BACKLOG = 128  # connections the kernel holds until accepted; also the most asyncio accepts at once
+FULL_WARNING_S = 60  # at most one warning a minute about connections refused at the cap
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client may take of the server: ``adaspark serve``'s --max-body-mb,
+    --max-connections and --header-timeout."""
+
+    max_body: int  # bytes of one request's body
+    max_connections: int
+    header_timeout: float  # seconds
 
 
 @dataclass(eq=False)
@@ -151,10 +175,37 @@ def _json(obj, status: int = 200) -> Response:
 
 
 def _error(e: api.APIError) -> Response:
-    return _json(e.body(), e.status)
+    response = _json(e.body(), e.status)
+    if e.status == 413:
+        # The rest of the body is not read: the connection closes after the reply, or the
+        # client's next request would be looked for in the middle of this one's body.
+        response.headers["connection"] = "close"
+    return response
 
 
-def make_app(decoder: Decoder, model_id: str, default_temperature: float) -> FastAPI:
+def _mb(n: int) -> str:
+    return f"{n / 2 ** 20:g} MB"
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, or 413 once it is over ``limit`` bytes: at once by its Content-Length
+    (nothing of it read), else (a chunked one) as soon as what came passes the limit. Read in the
+    server's pieces, so a refused body never sits whole in memory."""
+    too_large = api.APIError(413, f"the request body is over the server's limit of {_mb(limit)} "
+                                  "(start the server with a larger --max-body-mb)", code="request_too_large")
+    declared = request.headers.get("content-length")
+    if declared is not None and int(declared) > limit:  # h11 answered 400 to one that is not a number
+        raise too_large
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise too_large
+        parts.append(part)
+    return b"".join(parts)
+
+
+def make_app(decoder: Decoder, model_id: str, default_temperature: float, max_body: int) -> FastAPI:
     app = FastAPI(title="adaspark", docs_url=None, redoc_url=None, openapi_url=None)
     # sse-starlette would cut every stream the moment shutdown begins; ours end by themselves,
     # after the current round, with finish_reason "interrupted" (Decoder.stop).
@@ -188,7 +239,7 @@ def make_app(decoder: Decoder, model_id: str, default_temperature: float) -> Fas
     async def _complete(request: Request, chat: bool) -> Response:
         env = api.Envelope.new(model_id, chat)
         try:
-            req = api.parse(await request.body(), chat, default_temperature)
+            req = api.parse(await read_body(request, max_body), chat, default_temperature)
             job = Job(req, env.id, asyncio.get_running_loop())
             decoder.submit(job)
         except api.APIError as e:
@@ -268,29 +319,148 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
-def listen(host: str, port: int) -> socket.socket:
+class _Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with the two guards uvicorn lacks against slow clients.
+
+    A deadline for a request's headers, from the connection's opening and again from each
+    response on a kept-alive one: a connection that sends nothing, or trickles its request line
+    and headers, is closed when it passes, instead of holding its descriptor for ever (uvicorn's
+    keep-alive timer starts only after a response, and any byte stops it). The body is not under
+    this deadline: it is bounded by --max-body-mb, and a request in progress counts against the
+    cap below.
+
+    A cap on open connections, checked as each is accepted: past it the new one gets a 503 and is
+    closed at once, before anything of it is read, so descriptors stay bounded and asyncio's
+    accept never meets "Too many open files" (uvicorn's ``limit_concurrency`` answers 503 only
+    once a request's headers are in, so connections that never finish them are not refused).
+
+    Built on H11Protocol's long-standing internals (``connections``, ``conn``, ``transport``,
+    ``loop``, ``on_response_complete``); checked on uvicorn 0.55."""
+
+    def __init__(self, *args, limits: Limits, refused: "_Refused", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self.refused = refused
+        self.header_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.limits.max_connections:
+            # Not added to ``connections``: it never counts against the cap, nor gets a request.
+            self.transport = transport  # for connection_lost
+            transport.write(self.refused.reply)
+            transport.close()
+            self.refused.count(len(self.connections))
+            return
+        super().connection_made(transport)
+        self._await_headers()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._await_headers()  # the next request's headers, on a kept-alive connection
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.header_deadline is not None:
+            self.header_deadline.cancel()
+        super().connection_lost(exc)
+
+    def _await_headers(self) -> None:
+        if self.header_deadline is not None:
+            self.header_deadline.cancel()
+        self.header_deadline = self.loop.call_later(self.limits.header_timeout, self._headers_late)
+
+    def _headers_late(self) -> None:
+        # h11's view of the client: IDLE until a request's headers are complete (then SEND_BODY,
+        # DONE); a request in progress, or one answered meanwhile, is not cut.
+        self.header_deadline = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()  # quietly, as uvicorn's keep-alive timeout does
+
+
+class _Refused:
+    """The reply to a connection past the cap, and the warning about them: at the first, then at
+    most once a minute with how many were refused meanwhile (a flood must not flood stderr)."""
+
+    def __init__(self, max_connections: int, warn):
+        self.warn = warn
+        err = api.APIError(503, f"the server has {max_connections} connections open, its --max-connections; "
+                                "retry later", "server_error", code="too_many_connections")
+        body = orjson.dumps(err.body())
+        self.reply = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                      b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self.n = 0
+        self.warned: float | None = None
+
+    def count(self, open_now: int) -> None:
+        self.n += 1
+        now = time.monotonic()
+        if self.warned is None:
+            self.warn(f"refusing connections: {open_now} are open, the --max-connections cap (those that send "
+                      "no request are closed after --header-timeout); refusals are counted here once a minute")
+        elif now - self.warned >= FULL_WARNING_S:
+            self.warn(f"{self.n} connections refused in {now - self.warned:.0f} s at the --max-connections cap")
+        else:
+            return
+        self.n, self.warned = 0, now
+
+
+def url(host: str, port: int) -> str:
+    """http://HOST:PORT, an IPv6 address in brackets (RFC 3986)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def listen(host: str, port: int, max_connections: int) -> socket.socket:
     """The server's socket, bound and listening (port 0: a free one); InputError if it cannot be.
     Opened before the model loads, so a port in use is found at once; a client that connects
-    while the model loads waits in the backlog."""
+    while the model loads waits in the backlog. First the process is let open the descriptors its
+    connections may take, or refused if the system does not allow that many."""
+    _allow_open_files(max_connections)
     try:
         return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
-                                    backlog=128)
+                                    backlog=BACKLOG)
     except OSError as e:
-        raise InputError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        raise InputError(f"cannot listen on {url(host, port)[len('http://'):]}: {e.strerror or e}") from None
 
 
-def run(rt: Runtime, sock: socket.socket, queue_size: int, default_temperature: float, warn) -> int:
+def _allow_open_files(max_connections: int) -> None:
+    """Raise the soft limit of open files to what the connections may need: the cap; those being
+    refused (asyncio accepts up to BACKLOG a loop iteration, and a refused one is closed three
+    iterations later: its task, connection_made, connection_lost); and the process's own (the
+    model, the store, the log, the loop's)."""
+    try:
+        import resource
+    except ImportError:  # not a Unix: no such limit to raise
+        return
+    need = max_connections + 4 * BACKLOG + 64
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise InputError(f"--max-connections {max_connections} needs about {need} open files; this system "
+                         f"allows {hard} (ulimit -Hn): lower it")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
+def run(rt: Runtime, sock: socket.socket, queue_size: int, default_temperature: float, limits: Limits,
+        warn) -> int:
     """Serve on ``sock`` until a signal; returns the exit code (128 + the signal's number).
     The runtime is closed (its learning saved) on the way out."""
     decoder = Decoder(rt, queue_size, warn)
     model_id = rt.model.path.name
-    app = make_app(decoder, model_id, default_temperature)
+    app = make_app(decoder, model_id, default_temperature, limits.max_body)
+    # uvicorn's limit_concurrency is left unset: it counts the same connections as our cap, so
+    # at the cap it would answer 503 (in plain text) to the clients already admitted; requests
+    # past what can wait for the decoder get the queue's OpenAI-shaped 503 instead.
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=None)
+                            timeout_graceful_shutdown=None, timeout_keep_alive=KEEP_ALIVE_S, backlog=BACKLOG,
+                            h11_max_incomplete_event_size=MAX_HEADERS,
+                            http=functools.partial(_Protocol, limits=limits,
+                                                   refused=_Refused(limits.max_connections, warn)))
     server = _Server(config, decoder)
     host, port = sock.getsockname()[:2]
-    print(f"adaspark serve: listening on http://{host}:{port} ({model_id}, arm {rt.arm.name}"
-          f"{', store ' + str(rt.store.path) if rt.store else ''}; one decode at a time, {queue_size} may wait)",
+    print(f"adaspark serve: listening on {url(host, port)} ({model_id}, arm {rt.arm.name}"
+          f"{', store ' + str(rt.store.path) if rt.store else ''}; one decode at a time, {queue_size} may wait; "
+          f"at most {limits.max_connections} connections, bodies up to {_mb(limits.max_body)})",
           file=sys.stderr, flush=True)
     try:
         server.run(sockets=[sock])

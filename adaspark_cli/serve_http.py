@@ -2,7 +2,8 @@
 /v1/completions, streamed or not; GET /v1/models and /health) that learns across requests and
 keeps the previous request's KV for the next one's common prefix. The HTTP stack is the
 ``adaspark[server]`` extra (FastAPI, uvicorn, sse-starlette), imported only by this command.
-Request fields and defaults: adaspark_core/openai_api.py; threads and shutdown: http_app.py."""
+Request fields and defaults: adaspark_core/openai_api.py; threads, shutdown and the limits on what
+one client may take: http_app.py."""
 
 from __future__ import annotations
 
@@ -36,6 +37,16 @@ def serve(
     reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix",
                                       help="Keep the last request's KV and prefill only what follows the common "
                                            "token prefix (a conversation's next turn pays for its new text only)."),
+    max_body_mb: float = typer.Option(4.0, "--max-body-mb", min=0.001,
+                                      help="Largest request body, in MB; a larger one gets 413 before it is read "
+                                           "(a full 8192-token context is well under 1 MB of JSON)."),
+    max_connections: int = typer.Option(64, "--max-connections", min=1,
+                                        help="Open connections at most; past it a new one gets 503 and is closed "
+                                             "at once (idle and slow ones too, so the descriptors stay bounded)."),
+    header_timeout: float = typer.Option(10.0, "--header-timeout", min=0.01,
+                                         help="Seconds a connection has to send a request's headers, from its "
+                                              "opening or its previous reply; then it is closed (slow clients "
+                                              "cannot hold it)."),
 ) -> None:
     """Serve the model over HTTP with OpenAI's API, one decode at a time, learning while it serves.
     Point any OpenAI client at http://HOST:PORT/v1 (any API key)."""
@@ -44,13 +55,14 @@ def serve(
     except ImportError as e:
         console.fail(f"adaspark serve needs the server extra ({e.name} is missing): pip install 'adaspark[server]'")
     with reported():
-        sock = http_app.listen(host, port)
+        limits = http_app.Limits(int(max_body_mb * 2 ** 20), max_connections, header_timeout)
+        sock = http_app.listen(host, port, max_connections)
         try:
             rt = Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k, reuse_prefix),
                               arm=arm, store=store, log=log, memory_mb=memory_mb)
         except BaseException:
             sock.close()
             raise
-        code = http_app.run(rt, sock, queue_size, temperature,
+        code = http_app.run(rt, sock, queue_size, temperature, limits,
                             warn=lambda m: typer.echo(f"adaspark: warning: {m}", err=True))
     raise typer.Exit(code)

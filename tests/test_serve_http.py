@@ -4,6 +4,7 @@ learned from, a client that leaves mid-stream, and SIGTERM mid-request."""
 
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,7 +19,7 @@ from adaspark_core.record import read_log
 
 from conftest import PROMPTS, SIM, assert_same_sample
 
-READY = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
+READY = re.compile(r"listening on (http://\S+:\d+) \(")
 
 
 class Server:
@@ -29,18 +30,25 @@ class Server:
                                       *map(str, args)], stderr=subprocess.PIPE, text=True)
         self.err: list[str] = []
         self.url = None
-        deadline = time.monotonic() + timeout
-        while self.url is None:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise AssertionError(f"the server ended before it listened: {''.join(self.err)}")
-            self.err.append(line)
-            if m := READY.search(line):
-                self.url = m.group(1)
-            assert time.monotonic() < deadline, "the server did not listen in time"
-        self._drain = threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True)
+        listening = threading.Event()
+
+        def drain():  # a thread, so waiting for the banner is bounded even if it never comes
+            for line in self.proc.stderr:
+                self.err.append(line)
+                if self.url is None and (m := READY.search(line)):
+                    self.url = m.group(1)
+                    listening.set()
+            listening.set()
+
+        self._drain = threading.Thread(target=drain, daemon=True)
         self._drain.start()
-        self.http = httpx.Client(base_url=self.url, timeout=300)
+        try:
+            assert listening.wait(timeout) and self.url, f"the server did not listen in time or ended: {self.stderr}"
+            self.http = httpx.Client(base_url=self.url, timeout=300)
+        except BaseException:  # no server left behind
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+            raise
 
     def post(self, path, body):
         return self.http.post(path, content=body if isinstance(body, bytes) else orjson.dumps(body))
@@ -127,11 +135,26 @@ def test_a_full_queue_answers_503_and_every_accepted_request_is_served(tmp_path)
 def test_a_port_in_use_is_one_error_line(tmp_path):
     srv = Server("--model", SIM)
     try:
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+", srv.url)
         port = srv.url.rsplit(":", 1)[1]
         res = subprocess.run([sys.executable, "-m", "adaspark_cli.main", "serve", "--model", SIM, "--port", port],
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 2 and "cannot listen on 127.0.0.1:" in res.stderr
         assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    finally:
+        srv.stop()
+
+
+def test_an_ipv6_address_is_printed_in_brackets(tmp_path):
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback")
+    srv = Server("--model", SIM, "--store", tmp_path / "store.json", "--host", "::1", timeout=60)
+    try:
+        assert re.fullmatch(r"http://\[::1\]:\d+", srv.url)
+        assert srv.http.get("/health").json()["status"] == "ok"  # the printed URL is one a client can use
     finally:
         srv.stop()
 
