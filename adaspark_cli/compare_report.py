@@ -1,4 +1,4 @@
-"""Plain-text tables and a PNG of ``adaspark compare``'s summary (``adaspark_core.stats.summarize``).
+"""Plain-text tables and a PNG of ``adaspark compare``'s summary (``adaspark_core.evaluate.stats.summarize``).
 Formatting only: every number comes from the summary dict.
 
 The ratio tables show the summary's headline ratio (``summary["headline"]``: the one that uses more
@@ -23,9 +23,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from adaspark_core.stats import ALL
-
 from adaspark_cli.plot import line_plot
+from adaspark_core.evaluate.stats import ALL
 
 ALL_LABEL = "all replies"
 BAND_LABEL = {ALL: "all replies", "<2048": "under 2,048", ">=2048": "2,048 and over"}

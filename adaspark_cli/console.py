@@ -15,9 +15,9 @@ from typing import Optional
 import orjson
 import typer
 
-from adaspark_core import sampling as sampling_fields
-from adaspark_core.engine.base import Sampling
-from adaspark_core.errors import InputError, OutputError
+from adaspark_core.base import sampling as sampling_fields
+from adaspark_core.base.errors import InputError, OutputError
+from adaspark_core.base.sampling import Sampling
 
 
 def fail(message: str) -> None:

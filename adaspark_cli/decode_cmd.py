@@ -10,7 +10,7 @@ import typer
 
 from adaspark_cli import console
 from adaspark_cli.console import reported
-from adaspark_core.runtime import EngineOptions, Runtime
+from adaspark_core.decode.runtime import EngineOptions, Runtime
 
 
 def decode(

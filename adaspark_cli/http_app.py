@@ -40,11 +40,11 @@ from sse_starlette.sse import AppStatus, EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from adaspark_core import openai_api as api
-from adaspark_core.errors import InputError
-from adaspark_core.record import LogWriteError
-from adaspark_core.runtime import Runtime
-from adaspark_core.service import Reply, keep, serve_request
+from adaspark_core.base.errors import InputError
+from adaspark_core.decode.runtime import Runtime
+from adaspark_core.serve import openai_api as api
+from adaspark_core.serve.service import Reply, keep, serve_request
+from adaspark_core.store.record import LogWriteError
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this (uvicorn's and llama-server's default)

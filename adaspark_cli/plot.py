@@ -20,8 +20,8 @@ import math
 from pathlib import Path
 from typing import Optional, Sequence
 
-from adaspark_core.errors import InputError
-from adaspark_core.files import replace
+from adaspark_core.base.errors import InputError
+from adaspark_core.base.files import replace
 
 INSTALL = "pip install 'adaspark[plot]'"
 DPI = 100  # ``size`` is in pixels: figsize = size / DPI

@@ -48,11 +48,11 @@ from tqdm import tqdm
 from adaspark_cli import console
 from adaspark_cli.console import fail, reported
 from adaspark_cli.plot import line_plot, require_matplotlib
-from adaspark_core import survey as prof
+from adaspark_core.base.errors import InputError
+from adaspark_core.base.files import landing
+from adaspark_core.decode.runtime import EngineOptions, Runtime, open_model
 from adaspark_core.engine.simlm import SimModel
-from adaspark_core.errors import InputError
-from adaspark_core.files import landing
-from adaspark_core.runtime import EngineOptions, Runtime, open_model
+from adaspark_core.evaluate import survey as prof
 
 SCHEMA = 1
 TIME_NOTE = "verify_ms: batch build + llama_decode + argmax read (what the cost model learns)"

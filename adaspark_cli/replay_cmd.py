@@ -11,11 +11,11 @@ import typer
 
 from adaspark_cli.console import fail, reported
 from adaspark_cli.report import regret_tables, replay_tables
-from adaspark_core.errors import InputError
-from adaspark_core.record import read_log
-from adaspark_core.regret import CostTable, account
-from adaspark_core.replay import ReplayMismatch
-from adaspark_core.replay import replay as run_replay
+from adaspark_core.base.errors import InputError
+from adaspark_core.evaluate.regret import CostTable, account
+from adaspark_core.evaluate.replay import ReplayMismatch
+from adaspark_core.evaluate.replay import replay as run_replay
+from adaspark_core.store.record import read_log
 
 
 def replay(

@@ -1,5 +1,5 @@
 """``adaspark serve-stdin``: JSON lines in, JSON lines out, one request at a time, learning while
-it serves (request format: adaspark_core/serving.py).
+it serves (request format: adaspark_core/serve/stdin_api.py).
 
 Responses, one JSON object per line on stdout:
 
@@ -26,11 +26,11 @@ import typer
 
 from adaspark_cli import console
 from adaspark_cli.console import reported
-from adaspark_core.errors import InputError
-from adaspark_core.record import LogWriteError
-from adaspark_core.runtime import EngineOptions, Runtime
-from adaspark_core.service import keep, serve_request
-from adaspark_core.serving import RequestError, parse_request
+from adaspark_core.base.errors import InputError
+from adaspark_core.decode.runtime import EngineOptions, Runtime
+from adaspark_core.serve.service import keep, serve_request
+from adaspark_core.serve.stdin_api import RequestError, parse_request
+from adaspark_core.store.record import LogWriteError
 
 
 class Shutdown(Exception):

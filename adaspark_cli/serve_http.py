@@ -2,7 +2,7 @@
 /v1/completions, streamed or not; GET /v1/models and /health) that learns across requests and
 keeps the previous request's KV for the next one's common prefix. The HTTP stack is the
 ``adaspark[server]`` extra (FastAPI, uvicorn, sse-starlette), imported only by this command.
-Request fields and defaults: adaspark_core/openai_api.py; threads, shutdown and the limits on what
+Request fields and defaults: adaspark_core/serve/openai_api.py; threads, shutdown and the limits on what
 one client may take: http_app.py."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import typer
 
 from adaspark_cli import console
 from adaspark_cli.console import reported
-from adaspark_core.runtime import EngineOptions, Runtime
+from adaspark_core.decode.runtime import EngineOptions, Runtime
 
 
 def serve(

@@ -24,17 +24,20 @@ import typer
 from tabulate import tabulate
 
 from adaspark_cli.console import fail, reported
-from adaspark_core import store as sm
+from adaspark_core.base.errors import InputError
+from adaspark_core.base.files import read_regular
+from adaspark_core.candidates.memory import GRAM, MAX_CORPUS_BYTES
+from adaspark_core.decode.runtime import open_model
+from adaspark_core.engine.models import default_model_file
 from adaspark_core.engine.simlm import is_sim
-from adaspark_core.errors import InputError
-from adaspark_core.fingerprint import fingerprint, fingerprint_key
-from adaspark_core.learned import Learners
-from adaspark_core.files import read_regular
-from adaspark_core.memory import GRAM, MAX_CORPUS_BYTES, load as load_memory, memory_path, save as save_memory
-from adaspark_core.runtime import open_model
-from adaspark_core.models import default_model_file
-from adaspark_core.store import Store, StoreError, default_store_path
-from adaspark_core.store_report import CONTEXTS, summarize
+from adaspark_core.evaluate.store_report import CONTEXTS, summarize
+from adaspark_core.learn.learned import Learners
+from adaspark_core.store import store as sm
+from adaspark_core.store.fingerprint import fingerprint, fingerprint_key
+from adaspark_core.store.memory_file import load as load_memory
+from adaspark_core.store.memory_file import memory_path
+from adaspark_core.store.memory_file import save as save_memory
+from adaspark_core.store.store import Store, StoreError, default_store_path
 
 store_app = typer.Typer(
     add_completion=False,

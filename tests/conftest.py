@@ -17,7 +17,7 @@ NEAR_TIE = 0.5
 
 @pytest.fixture(scope="session")
 def default_model_path():
-    from adaspark_core.models import default_model
+    from adaspark_core.engine.models import default_model
 
     return default_model()
 
@@ -43,8 +43,8 @@ def assert_same_sample(lm, prompt, got, want, sampling, seed, what=""):
     two perturbed scores (sampling.scores) nearly tie (the greedy near-tie rule, paper 3.5)."""
     import numpy as np
 
+    from adaspark_core.base.sampling import scores
     from adaspark_core.engine.llama import score
-    from adaspark_core.sampling import scores
 
     if got == want:
         return

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from adaspark_core.base.tree import Layout
 from adaspark_core.engine.base import Verified
-from adaspark_core.tree import Layout
 
 
 class FakeTarget:

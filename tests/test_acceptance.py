@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from adaspark_core import tree
-from adaspark_core.acceptance import FITTED, HEAD, PRIOR, AcceptanceModel, head_q, node_loss, sigmoid
-from adaspark_core.ngram import bucket
-from adaspark_core.tree import ANCHOR, NGRAM, PICK, SIBLING, Candidate
+from adaspark_core.base import tree
+from adaspark_core.base.tree import ANCHOR, NGRAM, PICK, SIBLING, Candidate, head_q, sigmoid
+from adaspark_core.candidates.ngram import bucket
+from adaspark_core.learn.acceptance import FITTED, HEAD, PRIOR, AcceptanceModel, node_loss
 
 NONE = -999  # the target's argmax when no candidate is right
 

@@ -5,11 +5,10 @@ import sys
 
 import orjson
 import pytest
-
-from adaspark_core.record import read_log
-from adaspark_core.replay import replay
-
 from conftest import PROMPTS, SIM
+
+from adaspark_core.evaluate.replay import replay
+from adaspark_core.store.record import read_log
 
 
 def adaspark(*args, stdin=None):

@@ -4,12 +4,11 @@ tested in test_stats.py."""
 
 import orjson
 import pytest
-
-from adaspark_core import compare as cmp
-from adaspark_core.testset import Conversation, load
-
 from conftest import NEAR_TIE, PROMPTS
 from test_cli import adaspark, assert_one_error_line
+
+from adaspark_core.evaluate import compare as cmp
+from adaspark_core.evaluate.testset import Conversation, load
 
 
 def conv(name, kind, n_turns, set_="s", result=None):
@@ -116,13 +115,13 @@ def test_warm_passes_run_the_learning_arms_only_and_are_not_recorded():
 
 
 def test_scheduler_arms_trace_their_deltas_and_log_each_arm(tmp_path):
-    from adaspark_core.learned import Learners
-    from adaspark_core.record import read_log
-    from adaspark_core.replay import replay
-    from adaspark_core.scheduler import parse_arm
-    from adaspark_core.stats import summarize
-
     from test_replay import CostlyTarget, canonical, markov
+
+    from adaspark_core.decode.scheduler import parse_arm
+    from adaspark_core.evaluate.replay import replay
+    from adaspark_core.evaluate.stats import summarize
+    from adaspark_core.learn.learned import Learners
+    from adaspark_core.store.record import read_log
 
     def arms():
         target = CostlyTarget(markov, eog=0)  # never ends a reply: every reply reaches the cap
@@ -147,7 +146,7 @@ def test_scheduler_arms_trace_their_deltas_and_log_each_arm(tmp_path):
 
     assert sorted(p.name for p in logs.iterdir()) == ["adaspark.jsonl", "ar.jsonl", "chain_3.jsonl", "traces.jsonl",
                                                       "warm-adaspark.jsonl"]
-    from adaspark_core.tracesim import read_traces
+    from adaspark_core.evaluate.tracesim import read_traces
 
     traces = read_traces([logs / "traces.jsonl"])  # the baseline's replies of the measured pass
     assert [t.request for t in traces] == ["c0/0/0", "c0/1/0", "c1/0/0"]
@@ -311,7 +310,7 @@ def test_compare_bad_input(tmp_path):
 
 def test_max_turns_keeps_the_first_turns_of_every_conversation(tmp_path):
     from adaspark_cli.compare_cmd import load_workload
-    from adaspark_core import testset
+    from adaspark_core.evaluate import testset
 
     full = load_workload([testset.default_dir()], "eval")
     first = load_workload([testset.default_dir()], "eval", max_turns=1)

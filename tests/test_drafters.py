@@ -5,15 +5,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-from adaspark_core import tree
-from adaspark_core.engine.drafters import block, check_same_vocab, top_k
-from adaspark_core.errors import InputError
-from adaspark_core.scheduler import Generation, parse_arm
-from adaspark_core.tree import ANCHOR, PICK, SIBLING
-
 from conftest import prompt_tokens
 from test_engine import decode_checked
+
+from adaspark_core.base import tree
+from adaspark_core.base.errors import InputError
+from adaspark_core.base.tree import ANCHOR, PICK, SIBLING
+from adaspark_core.candidates.drafters import block, check_same_vocab, top_k
+from adaspark_core.decode.scheduler import Generation, parse_arm
 
 
 def test_top_k_and_the_block_shape():
@@ -48,9 +47,9 @@ def test_a_draft_model_with_another_vocabulary_is_refused():
 @pytest.mark.model
 @pytest.mark.parametrize("which", ["self", "q4_1"])
 def test_a_draft_model_decodes_exactly_and_its_cache_follows_the_targets(lm, target, which):
-    from adaspark_core.engine.drafters import ModelDrafter
+    from adaspark_core.candidates.drafters import ModelDrafter
     from adaspark_core.engine.llama import LlamaModel
-    from adaspark_core.models import shipped_default
+    from adaspark_core.engine.models import shipped_default
 
     draft_lm = lm if which == "self" else LlamaModel(shipped_default())
     drafter = ModelDrafter(lm, draft_lm, target.n_ctx, block=4, top_k=4)
@@ -76,7 +75,7 @@ def test_a_draft_model_decodes_exactly_and_its_cache_follows_the_targets(lm, tar
 
 @pytest.mark.model
 def test_block_chain_verifies_the_drafters_picks_as_one_chain(lm, target):
-    from adaspark_core.engine.drafters import ModelDrafter
+    from adaspark_core.candidates.drafters import ModelDrafter
 
     drafter = ModelDrafter(lm, lm, target.n_ctx, block=5, top_k=4)
     prompt = prompt_tokens(lm, "explain.txt")

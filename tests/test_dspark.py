@@ -8,13 +8,12 @@ import sys
 
 import numpy as np
 import pytest
-
-from adaspark_core.scheduler import Generation, parse_arm
-from adaspark_core.tree import ANCHOR, PICK, SIBLING
-
 from conftest import ROOT, prompt_tokens
 from test_cli import adaspark, assert_one_error_line
 from test_engine import decode_checked
+
+from adaspark_core.base.tree import ANCHOR, PICK, SIBLING
+from adaspark_core.decode.scheduler import Generation, parse_arm
 
 pytestmark = pytest.mark.model
 
@@ -35,7 +34,7 @@ def dspark_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dspark(lm, dspark_file):
     """A target of its own (the drafter switches on its hidden-state capture) and the drafter."""
-    from adaspark_core.engine.drafters import make_drafter
+    from adaspark_core.candidates.drafters import make_drafter
     from adaspark_core.engine.llama import LlamaTarget
 
     target = LlamaTarget(lm, n_ctx=2048)

@@ -3,15 +3,13 @@
 import random
 
 import numpy as np
-
 import pytest
-
-from adaspark_core import tree
-from adaspark_core.engine.llama import rescore
-from adaspark_core.scheduler import Generation, parse_arm, run
-from adaspark_core.tree import ANCHOR, PICK, SIBLING
-
 from conftest import NEAR_TIE, PROMPTS, prompt_tokens
+
+from adaspark_core.base import tree
+from adaspark_core.base.tree import ANCHOR, PICK, SIBLING
+from adaspark_core.decode.scheduler import Generation, parse_arm, run
+from adaspark_core.engine.llama import rescore
 
 PROMPT_NAMES = ["rewrite.txt", "explain.txt", "story.txt", "code.txt", "summary.txt", "list.txt"]
 ARMS = ["ar", "chain:3", "chain:8", "tree:2", "tree:4", "tree:8", "tree:16"]

@@ -8,14 +8,13 @@ import sys
 
 import orjson
 import pytest
-
-from adaspark_core.errors import InputError
-from adaspark_core.files import replace
-from adaspark_core.record import LogWriteError, RoundLog, RoundRecord, Timing, read_log
-from adaspark_core.store import Store, StoreBusy
-
 from conftest import PROMPTS, ROOT, SIM
 from test_cli import adaspark, assert_one_error_line
+
+from adaspark_core.base.errors import InputError
+from adaspark_core.base.files import replace
+from adaspark_core.store.record import LogWriteError, RoundLog, RoundRecord, Timing, read_log
+from adaspark_core.store.store import Store, StoreBusy
 
 FP = {"model": {"size": 1, "sha256": "ab"}, "machine": {"cpu": "test"}}
 PROMPT = PROMPTS / "story.txt"
@@ -67,7 +66,7 @@ def test_a_store_at_a_fifo_is_refused_before_it_is_read(tmp_path):
 
 HOLDER = """
 import sys, time
-from adaspark_core.store import Store
+from adaspark_core.store.store import Store
 st = Store.open(sys.argv[1], {"model": {"size": 1, "sha256": "ab"}, "machine": {"cpu": "test"}})
 print("held", flush=True)
 sys.stdin.read()
@@ -136,7 +135,7 @@ def record(i: int) -> RoundRecord:
 
 FILLER = """
 import resource, signal, sys
-from adaspark_core.record import LogWriteError, RoundLog
+from adaspark_core.store.record import LogWriteError, RoundLog
 sys.path.insert(0, "tests")
 from test_hardening import record
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead
@@ -311,8 +310,7 @@ def test_a_plot_over_a_fifo_is_refused_before_the_survey(tmp_path):
 def test_27_1_top_p_zero_draws_the_most_likely_token_at_once():
     import numpy as np
 
-    from adaspark_core.engine.base import Sampling
-    from adaspark_core.sampling import draw, kept
+    from adaspark_core.base.sampling import Sampling, draw, kept
 
     rng = np.random.default_rng(27)
     for i in range(20):
@@ -330,8 +328,7 @@ def test_27_1_a_tiny_top_p_with_a_flat_row_ends_within_a_few_turns():
 
     import numpy as np
 
-    from adaspark_core.engine.base import Sampling
-    from adaspark_core.sampling import draw
+    from adaspark_core.base.sampling import Sampling, draw
 
     row = np.linspace(0, 1e-3, 49152)  # nearly flat: the noise ranks thousands above the top token
     t0 = time.process_time()
@@ -381,7 +378,7 @@ def test_27_3_a_store_or_memory_that_is_a_fifo_or_a_device_is_refused_before_it_
 
 
 def test_27_3_a_store_too_large_to_be_one_is_refused(tmp_path):
-    from adaspark_core import store as sm
+    from adaspark_core.store import store as sm
 
     big = tmp_path / "big.json"
     with open(big, "wb") as f:
@@ -418,9 +415,9 @@ def test_27_7_seeds_are_64_bit_and_a_larger_one_is_one_line(tmp_path, seed, ok):
 
 
 def test_27_8_a_reply_cut_by_a_stop_string_or_its_client_ends_with_a_marked_round(tmp_path):
-    from adaspark_core.replay import replay
-    from adaspark_core.runtime import EngineOptions, Runtime
-    from adaspark_core.service import serve_request
+    from adaspark_core.decode.runtime import EngineOptions, Runtime
+    from adaspark_core.evaluate.replay import replay
+    from adaspark_core.serve.service import serve_request
 
     log = tmp_path / "r.jsonl"
     with Runtime.open(EngineOptions(model=SIM), arm="adaspark", store=tmp_path / "s.json", log=log) as rt:

@@ -18,19 +18,18 @@ import re
 
 import orjson
 import pytest
-
-from adaspark_core.acceptance import AcceptanceModel
-from adaspark_core.checks import NewerVersion
-from adaspark_core.chooser import AdaptiveWidth, Chooser
-from adaspark_core.cost import CostModel
-from adaspark_core.learned import Learners
-from adaspark_core.record import read_log
-from adaspark_core.replay import replay
-from adaspark_core.runtime import EngineOptions, Runtime
-from adaspark_core.scheduler import Generation, parse_arm
-from adaspark_core.store import Store, StoreError
-
 from conftest import ROOT
+
+from adaspark_core.base.checks import NewerVersion
+from adaspark_core.decode.runtime import EngineOptions, Runtime
+from adaspark_core.decode.scheduler import Generation, parse_arm
+from adaspark_core.evaluate.replay import replay
+from adaspark_core.learn.acceptance import AcceptanceModel
+from adaspark_core.learn.chooser import AdaptiveWidth, Chooser
+from adaspark_core.learn.cost import CostModel
+from adaspark_core.learn.learned import Learners
+from adaspark_core.store.record import read_log
+from adaspark_core.store.store import Store, StoreError
 
 FIXTURE_LOG = ROOT / "fixtures" / "logs" / "rounds.jsonl"
 # A store of the learners replayed from FIXTURE_LOG, written before the learners versioned their

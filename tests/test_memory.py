@@ -1,4 +1,4 @@
-"""The n-gram memory of earlier requests (issue 16, adaspark_core/memory.py): lookups, the cap's
+"""The n-gram memory of earlier requests (issue 16, adaspark_core/candidates/memory.py): lookups, the cap's
 eviction, the file beside the store, the fill's memory chains, and a served run that learns
 from it and replays exactly."""
 
@@ -7,17 +7,17 @@ import random
 import numpy as np
 import orjson
 import pytest
-
-from adaspark_core import memory as mem
-from adaspark_core.fingerprint import fingerprint_key
-from adaspark_core.memory import GRAM, NgramMemory
-from adaspark_core.ngram import MEMORY, SuffixIndex, bucket, fill
-from adaspark_core.record import read_log
-from adaspark_core.replay import replay
-from adaspark_core.store import StoreError
-from adaspark_core.tree import ANCHOR, NGRAM
-
 from conftest import SIM
+
+from adaspark_core.base.tree import ANCHOR, NGRAM
+from adaspark_core.candidates import memory as mem
+from adaspark_core.candidates.memory import GRAM, NgramMemory
+from adaspark_core.candidates.ngram import MEMORY, SuffixIndex, bucket, fill
+from adaspark_core.evaluate.replay import replay
+from adaspark_core.store import memory_file
+from adaspark_core.store.fingerprint import fingerprint_key
+from adaspark_core.store.record import read_log
+from adaspark_core.store.store import StoreError
 
 
 def docs(n, length, vocab=40, seed=1):
@@ -91,23 +91,23 @@ def test_the_file_round_trips_and_a_bad_one_is_reported_and_left_as_is(tmp_path)
         m.add(d)
     m.lookup(tuple(docs(5, 50)[0][:6]))
     m.note(rows=7, accepted=3)
-    mem.save(m, store, "owner-a")
+    memory_file.save(m, store, "owner-a")
     assert not m.dirty
-    back = mem.load(store, "owner-a")
+    back = memory_file.load(store, "owner-a")
     assert list(back.tokens) == list(m.tokens) and np.array_equal(back._keys, m._keys)
     assert back.summary() == m.summary()
     with pytest.raises(StoreError, match="another model"):
-        mem.load(store, "owner-b")
-    path = mem.memory_path(store)
+        memory_file.load(store, "owner-b")
+    path = memory_file.memory_path(store)
     good = path.read_bytes()
     for bad in (good[:-3], b"junk", good.replace(b'"version":1', b'"version":9'),
                 good[: len(mem.MAGIC)] + b"{]\n"):
         path.write_bytes(bad)
         with pytest.raises(StoreError, match="cannot be used") as e:
-            mem.load(store, "owner-a")
+            memory_file.load(store, "owner-a")
         assert "store reset --memory" in str(e.value)
         assert path.read_bytes() == bad  # left as is
-    assert mem.load(tmp_path / "none.json", "x").n_tokens == 0
+    assert memory_file.load(tmp_path / "none.json", "x").n_tokens == 0
 
 
 def chain(cands):
@@ -145,8 +145,8 @@ def test_the_fill_reads_the_memory_where_the_requests_own_text_has_no_copy():
 
 
 def test_a_served_run_remembers_its_replies_saves_them_beside_the_store_and_replays_exactly(tmp_path):
-    from adaspark_core.runtime import EngineOptions, Runtime
-    from adaspark_core.service import serve_request
+    from adaspark_core.decode.runtime import EngineOptions, Runtime
+    from adaspark_core.serve.service import serve_request
 
     store, log = tmp_path / "store.json", tmp_path / "rounds.jsonl"
     with Runtime.open(EngineOptions(SIM), arm="adaspark", store=store, log=log) as rt:
@@ -162,7 +162,7 @@ def test_a_served_run_remembers_its_replies_saves_them_beside_the_store_and_repl
     _, report = replay(records)  # raises ReplayMismatch where the log and the learners disagree
     assert report.rows["memory"] == summary["rows"] and report.accepted["memory"] == summary["accepted"]
     owner = fingerprint_key(orjson.loads(store.read_bytes())["fingerprint"])
-    saved = mem.load(store, owner)
+    saved = memory_file.load(store, owner)
     assert saved.documents == 2 and saved.summary()["rows"] == summary["rows"]
 
 
@@ -184,7 +184,7 @@ def test_decodes_remember_their_replies_and_the_store_commands_show_and_reset_th
     from test_cli import adaspark, assert_one_error_line
 
     store = tmp_path / "store.json"
-    mem_file = mem.memory_path(store)
+    mem_file = memory_file.memory_path(store)
     for _ in range(2):
         res = adaspark("decode", PROMPTS / "rewrite.txt", "--model", SIM, "-n", 48, "--store", store, "--json")
         assert res.returncode == 0, res.stderr

@@ -2,8 +2,9 @@ import random
 
 import pytest
 
-from adaspark_core import tree
-from adaspark_core.ngram import (
+from adaspark_core.base import tree
+from adaspark_core.base.tree import ANCHOR, NGRAM, PICK, SIBLING
+from adaspark_core.candidates.ngram import (
     COPY,
     COPY_ALT,
     COPY_MIN,
@@ -15,7 +16,6 @@ from adaspark_core.ngram import (
     evidence_bin,
     fill,
 )
-from adaspark_core.tree import ANCHOR, NGRAM, PICK, SIBLING
 
 
 def index_of(tokens, **kw):

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from adaspark_core.online import FTRL
+from adaspark_core.learn.online import FTRL
 
 
 def sigmoid(s: float) -> float:

@@ -1,15 +1,15 @@
-"""OpenAI's API as ``adaspark serve`` reads and writes it (adaspark_core/openai_api.py), and the
-stop-string cut every served reply goes through (adaspark_core/service.py)."""
+"""OpenAI's API as ``adaspark serve`` reads and writes it (adaspark_core/serve/openai_api.py), and the
+stop-string cut every served reply goes through (adaspark_core/serve/service.py)."""
 
 from collections import Counter
 
 import orjson
 import pytest
 
-from adaspark_core import openai_api as api
-from adaspark_core.engine.base import Sampling
-from adaspark_core.scheduler import Stats
-from adaspark_core.service import Reply, StopStrings
+from adaspark_core.base.sampling import Sampling
+from adaspark_core.decode.scheduler import Stats
+from adaspark_core.serve import openai_api as api
+from adaspark_core.serve.service import Reply, StopStrings
 
 
 def parse(chat=True, **body):

@@ -1,4 +1,4 @@
-"""llama.cpp's own llama-server as a compare arm (adaspark_core/peer.py): spec parsing, the command
+"""llama.cpp's own llama-server as a compare arm (adaspark_core/evaluate/peer.py): spec parsing, the command
 line, the stream reader and its client-clock timing on canned streams, the process handling with a
 stand-in server script, and (with the binary `make peer` builds) a real reply against our ar."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from adaspark_core import compare as cmp
-from adaspark_core import peer
-from adaspark_core.errors import InputError
+from adaspark_core.base.errors import InputError
+from adaspark_core.evaluate import compare as cmp
+from adaspark_core.evaluate import peer
 
 EOG = 2
 
@@ -89,7 +89,7 @@ def test_the_request_is_greedy_uncached_and_exact():
 
 
 def test_a_sampled_request_asks_for_our_chain_at_our_settings():
-    from adaspark_core.engine.base import Sampling
+    from adaspark_core.base.sampling import Sampling
 
     body = peer.request_body([1, 5, 9], 16, sampling=Sampling(0.7, top_p=0.95, top_k=40, min_p=0.05, seed=3))
     assert (body["temperature"], body["top_k"], body["top_p"], body["min_p"], body["seed"]) == (0.7, 40, 0.95, 0.05, 3)
@@ -318,9 +318,9 @@ def built_binary():
 @pytest.mark.model
 @pytest.mark.skipif(built_binary() is None, reason="no llama-server: run `make peer`")
 def test_llama_server_samples_seeded_at_compares_settings(target, lm):
-    from adaspark_core.engine.base import Sampling
-
     from conftest import prompt_tokens
+
+    from adaspark_core.base.sampling import Sampling
 
     prompt = prompt_tokens(lm, "rewrite.txt")
     s = Sampling(0.9, top_p=0.95, seed=5)

@@ -9,14 +9,12 @@ import sys
 import numpy as np
 import orjson
 import pytest
-
-from adaspark_cli.plot import line_plot
-from adaspark_core import survey as prof
-from adaspark_core.engine.base import Verified
-from adaspark_core.errors import InputError
-
 from test_cli import adaspark, assert_one_error_line
 
+from adaspark_cli.plot import line_plot
+from adaspark_core.base.errors import InputError
+from adaspark_core.engine.base import Verified
+from adaspark_core.evaluate import survey as prof
 
 # --- the fit --------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The hindsight account (adaspark_core/regret.py): hindsight acceptance from a log alone, the
+"""The hindsight account (adaspark_core/evaluate/regret.py): hindsight acceptance from a log alone, the
 identities the account's numbers must satisfy, and the CLI's report."""
 
 import math
@@ -8,14 +8,14 @@ import sys
 import orjson
 import pytest
 
+from adaspark_core.base.tree import ANCHOR
+from adaspark_core.base.tree import hindsight_path as true_path
+from adaspark_core.decode.scheduler import Generation, parse_arm
 from adaspark_core.engine.sim import make_sim
-from adaspark_core.learned import Learners
-from adaspark_core.record import RoundLog, read_log
-from adaspark_core.regret import CATEGORIES, CostTable, accepted_by_width, account, continuations
-from adaspark_core.tree import hindsight_path as true_path
-from adaspark_core.replay import replay
-from adaspark_core.scheduler import Generation, parse_arm
-from adaspark_core.tree import ANCHOR
+from adaspark_core.evaluate.regret import CATEGORIES, CostTable, accepted_by_width, account, continuations
+from adaspark_core.evaluate.replay import replay
+from adaspark_core.learn.learned import Learners
+from adaspark_core.store.record import RoundLog, read_log
 
 
 def cand(token, parent):

@@ -4,14 +4,12 @@ buckets, the guard and exploration all run, with no model."""
 
 import orjson
 import pytest
-
-from adaspark_core.learned import Learners
-from adaspark_core.record import RoundLog, read_log
-from adaspark_core.replay import ReplayMismatch, replay
-from adaspark_core.scheduler import Generation, parse_arm
-
 from fakes import FakeTarget
 
+from adaspark_core.decode.scheduler import Generation, parse_arm
+from adaspark_core.evaluate.replay import ReplayMismatch, replay
+from adaspark_core.learn.learned import Learners
+from adaspark_core.store.record import RoundLog, read_log
 
 PHRASES = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12], [13, 14, 3, 4, 15, 16], [17, 18, 19, 20, 21, 22]]
 
@@ -85,8 +83,8 @@ def test_replay_on_top_of_a_restored_store_state(tmp_path):
     first = serve(None, arms=("adaspark", "adaspark"))
     saved = canonical(first.state())
     path = tmp_path / "two.jsonl"
-    from adaspark_core.acceptance import AcceptanceModel
-    from adaspark_core.chooser import AdaptiveWidth
+    from adaspark_core.learn.acceptance import AcceptanceModel
+    from adaspark_core.learn.chooser import AdaptiveWidth
 
     def restore():
         return Learners(AdaptiveWidth.from_state(saved["width"]), AcceptanceModel.from_state(saved["acceptance"]))

@@ -1,13 +1,13 @@
-"""The runtime (adaspark_core/runtime.py) and the simulated model behind ``--model sim:CURVE``
+"""The runtime (adaspark_core/decode/runtime.py) and the simulated model behind ``--model sim:CURVE``
 (adaspark_core/engine/simlm.py) that lets the CLI tests run without llama.cpp."""
 
 import pytest
 
+from adaspark_core.base.errors import InputError
+from adaspark_core.decode.runtime import EngineOptions, Runtime, open_model
 from adaspark_core.engine import simlm
-from adaspark_core.errors import InputError
-from adaspark_core.fingerprint import fingerprint
-from adaspark_core.runtime import EngineOptions, Runtime, open_model
-from adaspark_core.store import Store
+from adaspark_core.store.fingerprint import fingerprint
+from adaspark_core.store.store import Store
 
 SIM = "sim:cpu-smollm2-q4_0"
 PROMPT = "Say something, then say it again, and again."

@@ -1,4 +1,4 @@
-"""Sampling that speculation cannot change (issue 17, first part; adaspark_core/sampling.py): the
+"""Sampling that speculation cannot change (issue 17, first part; adaspark_core/base/sampling.py): the
 sampler chain's distribution against a plain reference of llama.cpp's chain, the draw's exact
 distribution, and on the real model a speculative sampled decode that gives the very tokens a
 one-row-per-round decode with the same seed gives."""
@@ -9,11 +9,9 @@ import math
 import numpy as np
 import orjson
 import pytest
-
-from adaspark_core.engine.base import Sampling
-from adaspark_core.sampling import distribution, draw, gumbel, scores
-
 from conftest import PROMPTS, assert_same_sample
+
+from adaspark_core.base.sampling import Sampling, distribution, draw, gumbel, scores
 
 
 def reference(logits, s: Sampling) -> np.ndarray:
@@ -92,7 +90,7 @@ def test_the_fast_draw_is_the_best_perturbed_score_among_the_kept_tokens():
 
 
 def test_the_top_k_threshold_finds_the_k_largest():
-    from adaspark_core.sampling import _top
+    from adaspark_core.base.sampling import _top
 
     rng = np.random.default_rng(3)
     for scale, k in [(3.0, 1), (3.0, 40), (0.01, 40), (30.0, 1024), (3.0, 5000)]:
@@ -125,11 +123,11 @@ def test_speculative_sampling_gives_the_targets_joint_distribution_of_the_next_t
     Their counts match the closed-form joint p(t1) p(t2 | t1) p(t3 | t1, t2) of the same rows'
     distributions (G-test), and the same counts reject that joint with 1% of its mass moved
     between its two likeliest outcomes: the test detects a 1% total-variation error."""
-    from adaspark_core.sampling import distribution
-    from adaspark_core.scheduler import Draws
-    from adaspark_core.tree import NGRAM, Candidate, accept_walk, layout
-
     from conftest import prompt_tokens
+
+    from adaspark_core.base.sampling import distribution
+    from adaspark_core.base.tree import NGRAM, Candidate, accept_walk, layout
+    from adaspark_core.decode.scheduler import Draws
 
     s = Sampling(1.0, top_k=3)
     target.start(prompt_tokens(lm, "rewrite.txt"))
@@ -180,8 +178,8 @@ def test_speculative_sampling_gives_the_targets_joint_distribution_of_the_next_t
 
 @pytest.mark.model
 def test_speculation_never_changes_a_seeded_sample(lm, target):
-    from adaspark_core.learned import Learners
-    from adaspark_core.scheduler import parse_arm, run
+    from adaspark_core.decode.scheduler import parse_arm, run
+    from adaspark_core.learn.learned import Learners
 
     prompt = lm.chat_prompt([{"role": "user", "content": (PROMPTS / "rewrite.txt").read_text()}])
     s = Sampling(0.8, top_p=0.95, seed=12)  # a sample adaspark finds worth speculating on (not every one is)
@@ -206,15 +204,15 @@ def test_speculation_never_changes_a_seeded_sample(lm, target):
 
 
 def _sim():
-    from adaspark_core.engine.simlm import SimModel
-
     from conftest import SIM
+
+    from adaspark_core.engine.simlm import SimModel
 
     return SimModel(SIM)
 
 
 def test_on_the_simulated_model_every_arm_samples_the_same_text_for_a_seed():
-    from adaspark_core.scheduler import parse_arm, run
+    from adaspark_core.decode.scheduler import parse_arm, run
 
     model = _sim()
     prompt = model.tokenize("Tell me about the sea, and the sea again.")
@@ -229,10 +227,10 @@ def test_on_the_simulated_model_every_arm_samples_the_same_text_for_a_seed():
 
 
 def test_sampled_rounds_are_logged_and_a_mixed_log_replays_into_both_regimes(tmp_path):
-    from adaspark_core.learned import SAMPLED_SECTION, Learners
-    from adaspark_core.record import RoundLog, read_log
-    from adaspark_core.replay import replay
-    from adaspark_core.scheduler import parse_arm, run
+    from adaspark_core.decode.scheduler import parse_arm, run
+    from adaspark_core.evaluate.replay import replay
+    from adaspark_core.learn.learned import SAMPLED_SECTION, Learners
+    from adaspark_core.store.record import RoundLog, read_log
 
     model = _sim()
     target = model.target()
@@ -267,13 +265,13 @@ def test_sampled_rounds_are_logged_and_a_mixed_log_replays_into_both_regimes(tmp
 
 
 def test_sampled_decodes_save_their_regime_and_replay_across_processes(tmp_path):
-    from adaspark_core.learned import Learners
-    from adaspark_core.record import read_log
-    from adaspark_core.replay import replay
-    from adaspark_core.store import Store
-
     from conftest import SIM
     from test_cli import adaspark
+
+    from adaspark_core.evaluate.replay import replay
+    from adaspark_core.learn.learned import Learners
+    from adaspark_core.store.record import read_log
+    from adaspark_core.store.store import Store
 
     (tmp_path / "p.txt").write_text("Tell me about the sea, and the sea again.")
     store, log = tmp_path / "s.json", tmp_path / "r.jsonl"

@@ -1,11 +1,10 @@
-import pytest
 import orjson
-
-from adaspark_core.errors import InputError
-from adaspark_core.record import SCHEMA, RoundLog, RoundRecord, read_log
-from adaspark_core.scheduler import Arm, parse_arm, run, stop_cut
-
+import pytest
 from fakes import FakeTarget, cyclic
+
+from adaspark_core.base.errors import InputError
+from adaspark_core.decode.scheduler import Arm, parse_arm, run, stop_cut
+from adaspark_core.store.record import SCHEMA, RoundLog, RoundRecord, read_log
 
 
 def test_parse_arm():
@@ -20,7 +19,9 @@ def test_parse_arm():
 
 
 def test_stop_cut():
-    eog = lambda t: t == 0
+    def eog(t):
+        return t == 0
+
     assert stop_cut([5, 6, 7], eog, 10) == (3, None)
     assert stop_cut([5, 0, 7], eog, 10) == (2, "stop")
     assert stop_cut([5, 6, 7], eog, 2) == (2, "length")
@@ -127,8 +128,8 @@ def test_the_last_round_learns_after_its_tokens_are_out(tmp_path):
     """The reply's last round ends the request (the cost model's refits): it learns and is logged
     after the generation has yielded it, so the client clock does not wait for it, and it is
     learned even when the consumer stops right after the last tokens."""
-    from adaspark_core.learned import Learners
-    from adaspark_core.scheduler import Generation
+    from adaspark_core.decode.scheduler import Generation
+    from adaspark_core.learn.learned import Learners
 
     learners = Learners()
     path = tmp_path / "rounds.jsonl"

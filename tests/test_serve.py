@@ -10,14 +10,13 @@ import time
 
 import orjson
 import pytest
-
-from adaspark_core.engine.base import Sampling
-from adaspark_core.record import read_log
-from adaspark_core.replay import replay
-from adaspark_core.serving import RequestError, parse_request
-from adaspark_core.store import Store
-
 from conftest import PROMPTS, SIM
+
+from adaspark_core.base.sampling import Sampling
+from adaspark_core.evaluate.replay import replay
+from adaspark_core.serve.stdin_api import RequestError, parse_request
+from adaspark_core.store.record import read_log
+from adaspark_core.store.store import Store
 
 CMD = [sys.executable, "-m", "adaspark_cli.main", "serve-stdin"]
 

@@ -14,10 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import orjson
 import pytest
-
-from adaspark_core.record import read_log
-
 from conftest import PROMPTS, SIM, assert_same_sample
+
+from adaspark_core.store.record import read_log
 
 READY = re.compile(r"listening on (http://\S+:\d+) \(")
 
@@ -203,7 +202,7 @@ def test_the_openai_client_chats_streams_and_completes(served, lm):
 
 @pytest.mark.model
 def test_a_sampled_request_is_seeded_and_says_how_it_was_drawn(served, lm):
-    from adaspark_core.engine.base import Sampling
+    from adaspark_core.base.sampling import Sampling
 
     client = served.client()
     messages = [{"role": "user", "content": "Name a colour."}]

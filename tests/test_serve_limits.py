@@ -12,11 +12,10 @@ import time
 
 import httpx
 import orjson
-
-from adaspark_cli.http_app import BACKLOG
-
 from conftest import SIM
 from test_serve_http import Server, chat_body, stream_events
+
+from adaspark_cli.http_app import BACKLOG
 
 CHAT = orjson.dumps(chat_body("hi", max_tokens=8))
 MB = 2 ** 20

@@ -5,14 +5,26 @@ Pure and fast: no llama.cpp. The long runs use the virtual clock, so nothing her
 
 import pytest
 
-from adaspark_core import tree
+from adaspark_core.base import tree
+from adaspark_core.base.tree import head_q
+from adaspark_core.candidates.ngram import SuffixIndex, fill
+from adaspark_core.decode.scheduler import Generation, parse_arm
 from adaspark_core.engine.sim import (
-    CURVES, EOG, SENTINEL, CostCurve, DraftParams, Interference, SimText, VirtualClock,
-    best_pinned, expected_rate, expected_tokens, make_sim, rows_verified, tree_shape,
+    CURVES,
+    EOG,
+    SENTINEL,
+    CostCurve,
+    DraftParams,
+    Interference,
+    SimText,
+    VirtualClock,
+    best_pinned,
+    expected_rate,
+    expected_tokens,
+    make_sim,
+    rows_verified,
+    tree_shape,
 )
-from adaspark_core.ngram import SuffixIndex, fill
-from adaspark_core.acceptance import head_q
-from adaspark_core.scheduler import Generation, parse_arm
 
 
 def _generation(target, prompt, arm, max_tokens, clock, drafter):

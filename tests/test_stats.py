@@ -1,4 +1,4 @@
-"""adaspark_core.stats and adaspark_cli.compare_report on hand-made reply records (no model)."""
+"""adaspark_core.evaluate.stats and adaspark_cli.compare_report on hand-made reply records (no model)."""
 
 import json
 import math
@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from adaspark_core import stats
-from adaspark_core.stats import compare, context_band, ratio_rows, summarize, widths_histogram
+from adaspark_core.evaluate import stats
+from adaspark_core.evaluate.stats import compare, context_band, ratio_rows, summarize, widths_histogram
 
 
 def rec(arm, conv, tok_s, turn=0, reply=0, source=None, context=500, tokens=100, capped=False, same=None,

@@ -14,11 +14,11 @@ import numpy as np
 import orjson
 import pytest
 
-from adaspark_core import fingerprint as fingerprint_mod
-from adaspark_core import store as store_mod
-from adaspark_core.errors import InputError, OutputError
-from adaspark_core.fingerprint import fingerprint, fingerprint_key
-from adaspark_core.store import SCHEMA, Store, StoreError, default_store_path
+from adaspark_core.base.errors import InputError, OutputError
+from adaspark_core.store import fingerprint as fingerprint_mod
+from adaspark_core.store import store as store_mod
+from adaspark_core.store.fingerprint import fingerprint, fingerprint_key
+from adaspark_core.store.store import SCHEMA, Store, StoreError, default_store_path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -135,7 +135,7 @@ def test_upgrades_are_applied(tmp_path, monkeypatch):
 
 
 def test_a_schema_1_store_keeps_its_widths_and_drops_its_context_free_levels(tmp_path):
-    from adaspark_core.learned import Learners
+    from adaspark_core.learn.learned import Learners
 
     path = tmp_path / "s.json"
     live = Learners()
@@ -153,7 +153,7 @@ def test_a_schema_1_store_keeps_its_widths_and_drops_its_context_free_levels(tmp
 
 
 def test_an_unreadable_learner_section_is_reported(tmp_path):
-    from adaspark_core.learned import Learners
+    from adaspark_core.learn.learned import Learners
 
     path = tmp_path / "s.json"
     st = Store(path, FP)
@@ -184,7 +184,7 @@ def test_save_is_atomic_when_replace_fails(tmp_path, monkeypatch):
 CHILD = r"""
 import sys
 import numpy as np, orjson
-from adaspark_core.store import Store
+from adaspark_core.store.store import Store
 path, fp, n = sys.argv[1], orjson.loads(sys.argv[2]), int(sys.argv[3])
 st = Store.open(path, fp)
 gen = st.get("big")["gen"]
@@ -320,11 +320,11 @@ def test_fingerprint_key_is_canonical():
     assert fingerprint_key(OTHER_FP) != fingerprint_key(FP)
 
 
-def test_the_store_imports_neither_the_engine_nor_models():
-    """store.py is on the ground floor: importing it (and the fingerprint) loads no llama.cpp,
-    no engine and no model cache."""
-    heavy = ("llama_cpp", "adaspark_core.engine", "adaspark_core.models")
-    code = ("import sys, adaspark_core.store, adaspark_core.fingerprint; "
+def test_the_store_imports_neither_llama_cpp_nor_models():
+    """Importing the store (and the fingerprint, which knows a simulated model's name) loads no
+    llama.cpp, no llama engine and no model cache: ``store show`` stays quick."""
+    heavy = ("llama_cpp", "adaspark_core.engine.bindings", "adaspark_core.engine.llama", "adaspark_core.engine.models")
+    code = ("import sys, adaspark_core.store.store, adaspark_core.store.fingerprint; "
             f"print([m for m in {heavy!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout
@@ -332,7 +332,7 @@ def test_the_store_imports_neither_the_engine_nor_models():
 
 
 def test_a_section_this_version_does_not_know_is_kept_through_a_save(tmp_path):
-    from adaspark_core.learned import Learners
+    from adaspark_core.learn.learned import Learners
 
     path = tmp_path / "s.json"
     path.write_bytes(good_doc(sections={"memory": {"ngrams": [1, 2, 3]}}))

@@ -11,16 +11,15 @@ import math
 import numpy as np
 import orjson
 import pytest
-
-from adaspark_core.store_report import CONTEXTS, COEFFICIENTS, affine_fit, summarize
-from adaspark_core.learned import Learners
-from adaspark_core.record import read_log
-from adaspark_core.replay import replay
-from adaspark_core.fingerprint import fingerprint, fingerprint_key
-from adaspark_core.store import Store, default_store_path
-
 from conftest import PROMPTS
 from test_cli import adaspark, assert_one_error_line
+
+from adaspark_core.evaluate.replay import replay
+from adaspark_core.evaluate.store_report import COEFFICIENTS, CONTEXTS, affine_fit, summarize
+from adaspark_core.learn.learned import Learners
+from adaspark_core.store.fingerprint import fingerprint, fingerprint_key
+from adaspark_core.store.record import read_log
+from adaspark_core.store.store import Store, default_store_path
 
 FIXTURE_LOG = PROMPTS.parent / "logs" / "rounds.jsonl"
 

@@ -1,5 +1,5 @@
 """A store's learner sections are checked whole before use (issue 13): every field's shape and
-range, through each learner's own ``from_state`` (adaspark_core/checks.py). A damaged section, or
+range, through each learner's own ``from_state`` (adaspark_core/base/checks.py). A damaged section, or
 a field this version does not know, is one StoreError from ``Learners.from_store``, before any
 decoding, and the file is left as it was; a valid section restores exactly.
 
@@ -13,17 +13,16 @@ import math
 import numpy as np
 import orjson
 import pytest
-
-from adaspark_core.engine.sim import make_sim
-from adaspark_core.learned import Learners
-from adaspark_core.record import read_log
-from adaspark_core.replay import replay
-from adaspark_core.scheduler import Generation, parse_arm
-from adaspark_core.fingerprint import fingerprint
-from adaspark_core.store import SCHEMA, Store, StoreError
-
 from conftest import PROMPTS, SIM
 from test_cli import adaspark, assert_one_error_line
+
+from adaspark_core.decode.scheduler import Generation, parse_arm
+from adaspark_core.engine.sim import make_sim
+from adaspark_core.evaluate.replay import replay
+from adaspark_core.learn.learned import Learners
+from adaspark_core.store.fingerprint import fingerprint
+from adaspark_core.store.record import read_log
+from adaspark_core.store.store import SCHEMA, Store, StoreError
 
 FIXTURE_LOG = PROMPTS.parent / "logs" / "rounds.jsonl"
 FP = {"model": {"size": 1, "sha256": "0" * 64}}  # from_store reads the sections only

@@ -1,17 +1,16 @@
-"""Trace simulation (adaspark_core/tracesim.py, ``adaspark simulate``): the real scheduler and
+"""Trace simulation (adaspark_core/evaluate/tracesim.py, ``adaspark simulate``): the real scheduler and
 learners decode recorded replies on a virtual clock priced by measured verify times."""
 
 from pathlib import Path
 
 import orjson
 import pytest
-
-from adaspark_core.errors import InputError
-from adaspark_core.record import read_log
-from adaspark_core.replay import replay
-from adaspark_core.tracesim import MeasuredCosts, Trace, read_traces, simulate, write_trace
-
 from test_cli import adaspark, assert_one_error_line
+
+from adaspark_core.base.errors import InputError
+from adaspark_core.evaluate.replay import replay
+from adaspark_core.evaluate.tracesim import MeasuredCosts, Trace, read_traces, simulate, write_trace
+from adaspark_core.store.record import read_log
 
 FIXTURE_LOG = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "rounds.jsonl"
 

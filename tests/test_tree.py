@@ -2,8 +2,8 @@ import random
 
 import pytest
 
-from adaspark_core import tree
-from adaspark_core.tree import ANCHOR, NGRAM, PICK, SIBLING, Candidate
+from adaspark_core.base import tree
+from adaspark_core.base.tree import ANCHOR, NGRAM, PICK, SIBLING, Candidate
 
 
 def make(specs):

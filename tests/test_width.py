@@ -8,13 +8,13 @@ from collections import Counter
 import orjson
 import pytest
 
-from adaspark_core.chooser import AdaptiveWidth, continuation_values, expected_sums
-from adaspark_core.cost import CostModel, band_of
+from adaspark_core.decode.scheduler import Generation, parse_arm
 from adaspark_core.engine.sim import CURVES, expected_tokens, make_sim
-from adaspark_core.record import RoundLog, RoundRecord, Timing, read_log
-from adaspark_core.learned import Learners
-from adaspark_core.replay import replay
-from adaspark_core.scheduler import Generation, parse_arm
+from adaspark_core.evaluate.replay import replay
+from adaspark_core.learn.chooser import AdaptiveWidth, continuation_values, expected_sums
+from adaspark_core.learn.cost import CostModel, band_of
+from adaspark_core.learn.learned import Learners
+from adaspark_core.store.record import RoundLog, RoundRecord, Timing, read_log
 
 PROMPT_LENGTHS = [200, 400, 800, 1600, 3200]  # requests start in several context bands
 
@@ -231,7 +231,7 @@ def test_a_narrow_verify_of_a_long_chain_keeps_the_option_a_wide_one_spends():
     """On CPU-like prices (a 32-row verify costs 8 one-row ones), a chain whose first node is
     uncertain and whose deep nodes are sure: the myopic V prefers the widest verify; with L the
     chooser verifies a few nodes first, as the rest will still be there if they were right."""
-    from adaspark_core.chooser import Chooser
+    from adaspark_core.learn.chooser import Chooser
 
     qs = [0.6] + [0.97] * 30  # a chain that ends (shallower than the depth limit)
     cands = chain_cands(qs)
@@ -253,8 +253,8 @@ def test_a_chain_cut_at_the_depth_limit_goes_on_past_the_round():
     verify leaves its continuation to the next round, and the round's end no longer shapes the
     choice. The case from a sampled run's log: q 0.92 then 0.97, the CPU's prices; taken as ended,
     the chooser verified one row (and did so again the next rounds, the end one node further on)."""
-    from adaspark_core.chooser import Chooser, Lookahead
-    from adaspark_core.tree import MAX_CHAIN_DEPTH
+    from adaspark_core.base.tree import MAX_CHAIN_DEPTH
+    from adaspark_core.learn.chooser import Chooser, Lookahead
 
     qs = [0.92] + [0.97] * (MAX_CHAIN_DEPTH - 1)
     cut, ended = chain_cands(qs), chain_cands(qs[:-1])

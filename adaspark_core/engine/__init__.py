@@ -1,1 +1,2 @@
-"""Targets and drafters: the only code that runs a model."""
+"""The models: llama.cpp targets and the DSpark forward (the only code that runs a model), the
+default model, and the simulated models for tests and studies. Imports base only."""

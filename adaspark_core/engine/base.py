@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..tree import Candidate, Layout
+from adaspark_core.base.tree import Candidate, Layout
 
 
 @dataclass(slots=True)
@@ -16,29 +16,6 @@ class Verified:
     verify_ms: float  # batch build + llama_decode + argmax read
     decode_ms: float  # llama_decode alone
     host_ms: float  # the engine's own Python/KV work inside the verify (verify_ms - decode_ms)
-
-
-@dataclass(frozen=True, slots=True)
-class Sampling:
-    """A sampled request's settings, applied in the order of llama.cpp's sampler chain: top-k,
-    top-p, min-p, then temperature, then a draw keyed by ``seed`` (None: a random seed) and the
-    position (sampling.py)."""
-
-    temperature: float
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    min_p: float = 0.0
-    seed: int | None = None
-
-    def describe(self) -> str:
-        parts = [f"temperature {self.temperature:g}"]
-        if self.top_k:
-            parts.append(f"top_k {self.top_k}")
-        if self.top_p < 1:
-            parts.append(f"top_p {self.top_p:g}")
-        if self.min_p > 0:
-            parts.append(f"min_p {self.min_p:g}")
-        return ", ".join(parts)
 
 
 class Target(Protocol):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import llama_cpp as L
 
-from ..errors import InputError
+from adaspark_core.base.errors import InputError
 
 GGUF_MAGIC = b"GGUF"
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import ctypes
 
+import llama_cpp as L
 import numpy as np
 
-import llama_cpp as L
-
-from ..errors import InputError
-from .bindings import FreedWithObject, ext, thread_count
-from .llama import LlamaModel, LlamaTarget
+from adaspark_core.base.errors import InputError
+from adaspark_core.engine.bindings import FreedWithObject, ext, thread_count
+from adaspark_core.engine.llama import LlamaModel, LlamaTarget
 
 
 class DSparkContext(FreedWithObject):

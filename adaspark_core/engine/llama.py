@@ -26,15 +26,22 @@ import os
 import re
 import time
 
+import llama_cpp as L
 import numpy as np
 
-import llama_cpp as L
-
-from ..errors import InputError
-from ..tree import Layout
-from .base import Verified
-from .bindings import (HIDDEN_STATE_ARCHS, MAX_SEQ, UINT32_MAX, FreedWithObject, ext, init_backend,
-                       check_gguf, thread_count)
+from adaspark_core.base.errors import InputError
+from adaspark_core.base.tree import Layout
+from adaspark_core.engine.base import Verified
+from adaspark_core.engine.bindings import (
+    HIDDEN_STATE_ARCHS,
+    MAX_SEQ,
+    UINT32_MAX,
+    FreedWithObject,
+    check_gguf,
+    ext,
+    init_backend,
+    thread_count,
+)
 
 
 class LlamaModel:

@@ -21,9 +21,18 @@ import bisect
 import random
 from dataclasses import dataclass
 
-from ..acceptance import head_q
-from ..tree import ANCHOR, PICK, SIBLING, Candidate, Layout, best_first, child_of, path_products
-from .base import Verified
+from adaspark_core.base.tree import (
+    ANCHOR,
+    PICK,
+    SIBLING,
+    Candidate,
+    Layout,
+    best_first,
+    child_of,
+    head_q,
+    path_products,
+)
+from adaspark_core.engine.base import Verified
 
 # Token ids. SimText draws distinct tokens from [TOKEN_LO, TOKEN_HI); SENTINEL is the argmax of a
 # row whose path left the truth (no drafter ever proposes it, so nothing below a wrong node is
@@ -381,7 +390,7 @@ def tree_shape(params: DraftParams, depth_limit: int) -> list[Candidate]:
     """The candidates of one block with their features and no tokens (token 0), depth by depth:
     at each depth the pick, then its K-1 siblings (paper 2.2, Figure 1).
 
-    The features make the head-based estimate (``acceptance.head_q``) the true conditional
+    The features make the head-based estimate (``tree.head_q``) the true conditional
     probability: pick.h = a_i, so q = a_i; sibling.sigma = a_i (the pick's share) and sibling.share
     = s r_k, so q = share (1 - sigma) = (1 - a_i) s r_k = P(sibling right | parent right)."""
     cands: list[Candidate] = []

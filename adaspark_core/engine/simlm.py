@@ -23,11 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
-from ..fingerprint import SIM as PREFIX
-from ..tree import Layout
-from .base import Verified
-from .sim import CURVES, Interference, VirtualClock
+from adaspark_core.base.errors import InputError
+from adaspark_core.base.tree import Layout
+from adaspark_core.engine.base import Verified
+from adaspark_core.engine.sim import CURVES, Interference, VirtualClock
+
+PREFIX = "sim:"  # the prefix of a simulated model's name (``--model sim:CURVE``)
 
 BYTE0 = 3
 EOG = 2

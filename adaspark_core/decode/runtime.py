@@ -1,0 +1,196 @@
+"""A running decoder: the model, its target, the drafter, the learners with their store, and the
+round log, opened from options and closed (saved) in one place. ``decode``, ``serve-stdin``,
+``compare`` and ``profile`` are each a few lines around a Runtime.
+
+    with Runtime.open(EngineOptions(model=...), arm="adaspark", log=path) as rt:
+        gen = rt.generation(rt.chat([{"role": "user", "content": text}]), max_tokens=256)
+        text = rt.run(gen, on_text=print)
+
+The model is a GGUF file (llama.cpp) or ``sim:CURVE`` (engine/simlm.py: a simulated model on a
+virtual clock, for testing everything around the engine without llama.cpp).
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from adaspark_core.base.errors import InputError
+from adaspark_core.base.sampling import Sampling
+from adaspark_core.candidates.memory import DEFAULT_CAP_MB, NgramMemory
+from adaspark_core.decode.scheduler import Arm, Generation, parse_arm
+from adaspark_core.engine import simlm
+from adaspark_core.learn.learned import Learners
+from adaspark_core.store.fingerprint import fingerprint, fingerprint_key
+from adaspark_core.store.memory_file import load as load_memory
+from adaspark_core.store.memory_file import memory_path
+from adaspark_core.store.memory_file import save as save_memory
+from adaspark_core.store.record import RoundLog
+from adaspark_core.store.store import Store, default_store_path
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What the model options of every command name (``--model``, ``--n-ctx``, ``--threads``,
+    ``--drafter``, ``--block``, ``--draft-top-k``)."""
+
+    model: str | Path | None = None  # a GGUF file, sim:CURVE, or None for the default model
+    n_ctx: int | None = None
+    threads: int | None = None
+    drafter: str = "none"
+    block: int | None = None
+    top_k: int = 8
+    reuse_prefix: bool = False  # keep the committed KV across requests (serving several in a row)
+
+
+def open_model(spec: str | Path | None):
+    """The model ``--model`` names: a SimModel for ``sim:CURVE``, else a loaded GGUF (the default
+    model when None). llama.cpp is imported only here, so a simulated run never loads it."""
+    if spec is not None and simlm.is_sim(str(spec)):  # a file named so is ./sim:NAME
+        return simlm.SimModel(str(spec))
+    from adaspark_core.engine.llama import LlamaModel
+    from adaspark_core.engine.models import resolve_model
+
+    return LlamaModel(resolve_model(spec))
+
+
+def _drafter(spec: str, model, target, opts: EngineOptions):
+    if isinstance(model, simlm.SimModel):
+        if spec not in (None, "", "none"):
+            raise InputError(f"a simulated model ({model.path}) takes no drafter: use --drafter none")
+        return None
+    from adaspark_core.candidates.drafters import make_drafter
+
+    return make_drafter(spec, target, opts.threads, opts.block, opts.top_k)
+
+
+def _check_log(log: Path, rt: "Runtime") -> None:
+    """Refuse a round log that names a file the runtime reads or keeps (the model, the drafter,
+    the store and its memory): appending to it would ruin it, and the next save would replace the
+    log. InputError naming both."""
+    mine = {"the model file": rt.model.path, "the store": rt.store.path if rt.store else None,
+            "the store's n-gram memory": memory_path(rt.store.path) if rt.store else None,
+            "the drafter file": getattr(getattr(rt.drafter, "model", None), "path", None)}
+    real = os.path.realpath(log)
+    for what, path in mine.items():
+        if path is not None and os.path.realpath(path) == real:
+            raise InputError(f"the round log {log} is {what}; name another file for --log")
+
+
+class Runtime:
+    """Owns what it opened. ``save()`` writes the learned state (learning arms only); ``close()``
+    releases the store, closes the log, and frees the drafter and the target. Closing does not
+    save: a request that failed on bad input leaves no store behind."""
+
+    def __init__(self, model, target, drafter, arm: Arm | None, store: Store | None, learners: Learners | None,
+                 log: RoundLog | None, threads: int | None):
+        self.model, self.target, self.drafter, self.arm = model, target, drafter, arm
+        self.store, self.learners, self.log = store, learners, log
+        self.threads = threads
+        self.memory: NgramMemory | None = None  # kept beside the store (memory.py)
+
+    @classmethod
+    def open(cls, opts: EngineOptions, arm: str | Arm | None = None, store: Path | None = None,
+             log: Path | None = None, model=None, memory_mb: float = DEFAULT_CAP_MB) -> "Runtime":
+        """Everything the options name, opened in the order that finds bad input soonest: the arm,
+        the model (``model`` if already loaded), its target, the drafter, the store (learning arms
+        only: it is keyed by the model, the drafter and the machine) with its n-gram memory (arms
+        with n-gram candidates, ``memory_mb`` > 0: its cap), the log. What was opened before an
+        error is closed again."""
+        the_arm = parse_arm(arm) if isinstance(arm, str) else arm
+        rt = cls(None, None, None, the_arm, None, None, None, opts.threads)
+        try:
+            rt.model = model if model is not None else open_model(opts.model)
+            rt.target = rt.model.target(n_ctx=opts.n_ctx, threads=opts.threads, reuse_prefix=opts.reuse_prefix)
+            rt.drafter = _drafter(opts.drafter, rt.model, rt.target, opts)
+            if the_arm is not None and the_arm.learns:
+                fp = fingerprint(rt.model.path, rt.drafter.model.path if rt.drafter is not None else None)
+                rt.store = Store.open(store or default_store_path(fp), fp)
+                rt.learners = Learners.from_store(rt.store)
+                if the_arm.uses_ngram and memory_mb > 0:
+                    rt.memory = load_memory(rt.store.path, fingerprint_key(fp), memory_mb, rt.model.n_vocab)
+            if log is not None:
+                _check_log(log, rt)
+                rt.log = RoundLog(log)
+        except BaseException:
+            rt.close()
+            raise
+        return rt
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def tokens(self, text: str) -> list[int]:
+        """Raw text as the model's tokens (no chat template)."""
+        return self.model.tokenize(text)
+
+    def chat(self, messages: list[dict]) -> list[int]:
+        """Messages through the model's chat template, ready for the assistant's reply."""
+        return self.model.chat_prompt(messages)
+
+    def generation(self, prompt: list[int], max_tokens: int, request_id: str = "r0",
+                   sampling: Sampling | None = None) -> Generation:
+        """One request on the runtime's arm, learners, drafter and log. A simulated target brings
+        its virtual clock; a real one is timed on the wall clock. A sampled request (``sampling``)
+        speculates as a greedy one does, with draws speculation cannot change (sampling.py), and
+        learns into the sampled regime's learners (Learners.regime)."""
+        clock = getattr(self.target, "clock", time.perf_counter)
+        learners = self.learners.regime(sampling is not None) if self.learners is not None else None
+        return Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id,
+                          log=self.log, clock=clock, drafter=self.drafter, learners=learners,
+                          memory=self.memory, sampling=sampling)
+
+    def run(self, gen: Generation, on_text: Callable[[str], None] | None = None,
+            stop: Callable[[], str | None] | None = None) -> str:
+        """Decode ``gen``, passing each round's text to ``on_text`` as it comes (a UTF-8
+        sequence may span tokens: it is held until whole). ``stop()`` is asked after every round
+        and ends the reply early when it gives a finish ("stop", "interrupted"; Generation.end).
+        Returns the whole text."""
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        parts: list[str] = []
+
+        def out(text: str) -> None:
+            parts.append(text)
+            if text and on_text is not None:
+                on_text(text)
+
+        rounds = iter(gen)
+        try:
+            for emitted in rounds:
+                out(utf8.decode(b"".join(map(self.model.piece, emitted))))
+                if stop is not None and (finish := stop()):
+                    gen.end(finish)
+                    break
+        finally:
+            rounds.close()  # the reply's last round learns when its generator ends (scheduler.Generation)
+        out(utf8.decode(b"", final=True))
+        return "".join(parts)
+
+    def save(self, rounds: int = 0, requests: int = 0) -> None:
+        """Write the learners into their store (atomically), counting the requests and rounds they
+        have seen since the last save. OutputError if the store cannot be written."""
+        if self.learners is None:
+            return
+        self.learners.to_store(self.store)
+        self.store.bump(requests=requests, rounds=rounds)
+        self.store.save()
+        if self.memory is not None:
+            save_memory(self.memory, self.store.path, fingerprint_key(self.store.fingerprint))
+
+    # --- the end --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release everything, in the order it was opened backwards; safe to call twice."""
+        for part in (self.log, self.store, self.drafter, self.target):
+            if part is not None:
+                part.close()
+        self.log = self.store = self.drafter = self.target = None
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,512 @@
+"""One round of Algorithm 1, engine-agnostic, and the arms that set its width.
+
+A round is a chain of small functions (gpt-fast style): ``draft`` proposes candidates,
+``decide_round`` prices and orders them and picks the width (replay.py decides through it too),
+the target verifies, ``accept_walk`` returns what was accepted, and ``Generation`` does the
+bookkeeping (stopping, commit, index, log, statistics, learning).
+
+Arms (this issue): ``ar`` verifies one row per round; ``chain:N`` verifies the n-gram chain, at most
+N draft tokens (N + 1 rows; ``chain:3`` is llama.cpp's default speculative configuration);
+``tree:N`` verifies the best-first prefix of N rows by a simple prior. ``tree:1`` and ``chain:0``
+are plain decoding: width 1 is a first-class width (one row, no candidates).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from adaspark_core.base import tree
+from adaspark_core.base.errors import InputError
+from adaspark_core.base.sampling import Sampling, draw
+from adaspark_core.base.tree import MAX_CHAIN_DEPTH, PICK, Candidate, head_q
+from adaspark_core.candidates import ngram
+from adaspark_core.candidates.memory import NgramMemory
+from adaspark_core.candidates.ngram import MEMORY, SuffixIndex
+from adaspark_core.engine.base import Drafter, Target
+from adaspark_core.learn.acceptance import HEAD
+from adaspark_core.learn.learned import Learners
+from adaspark_core.store.record import RoundLog, RoundRecord, Timing
+
+# Sibling n-gram chains per round where earlier occurrences continue differently. One, not three:
+# on trace simulations of the bench workload (adaspark simulate, this machine's verify times) the
+# first-N ratio over ar was 1.50x (96-token replies) and 1.71x (256) with one, 1.50x and 1.68x with
+# three, 1.49x and 1.67x with none, while each further chain adds up to 8 candidates that every
+# round drafts, prices, plans and logs (host time the CPU pays on every candidate round).
+MAX_ALTS = 1
+
+STOP, LENGTH, CONTEXT = "stop", "length", "context"
+INTERRUPTED = "interrupted"  # ended by its consumer: a stop string's cut, a client gone, a signal
+
+
+ADAPTIVE_MAX_WIDTH = 64  # the widest rung of the cost model's ladder
+
+
+@dataclass(frozen=True, slots=True)
+class Arm:
+    """How a round's width is set.
+
+    ``ar``: one row. ``chain:N``: the candidate chain, at most N draft tokens (N + 1 rows).
+    ``tree:N``: the best-first prefix of N rows, no learned models. ``pinned:N``: N rows with the
+    rest of the adaptive scheduler running (its learners learn; they do not choose). ``cost``: the
+    cost model's width over the drafter's candidates only (no n-gram). ``adaspark``: the cost
+    model's width over the drafter's and the n-gram's candidates.
+    """
+
+    kind: str
+    n: int = 1
+
+    @property
+    def name(self) -> str:
+        if self.kind == "block":
+            return "block-chain"
+        return self.kind if self.kind in ("ar", "cost", "adaspark") else f"{self.kind}:{self.n}"
+
+    @property
+    def max_width(self) -> int:
+        # block-chain: as many rows as the drafter's block has picks
+        return {"ar": 1, "chain": self.n + 1, "tree": self.n, "pinned": self.n}.get(self.kind, ADAPTIVE_MAX_WIDTH)
+
+    @property
+    def adaptive(self) -> bool:
+        """The cost model and chooser set the width."""
+        return self.kind in ("cost", "adaspark")
+
+    @property
+    def learns(self) -> bool:
+        """The online learners see this arm's rounds."""
+        return self.kind in ("cost", "adaspark", "pinned")
+
+    @property
+    def fitted(self) -> bool:
+        """The fitted acceptance model may price the tree (guarded); ``cost`` prices with the
+        head-based estimate (paper 4.1)."""
+        return self.kind in ("adaspark", "pinned")
+
+    @property
+    def uses_ngram(self) -> bool:
+        return self.kind not in ("cost", "block")
+
+    @property
+    def picks_only(self) -> bool:
+        """The drafter's picks alone, as a chain (``block-chain``: the whole block, no siblings)."""
+        return self.kind == "block"
+
+    @property
+    def max_alts(self) -> int:
+        """Sibling n-gram chains a round may add: none for a chain arm (its tree is a chain)."""
+        return 0 if self.kind == "chain" else MAX_ALTS
+
+    @property
+    def needs_tree(self) -> bool:
+        return self.max_width > 2 and self.kind not in ("chain", "block")
+
+    def choose(self, n_cands: int) -> int:
+        """The width a fixed arm verifies when ``n_cands`` candidates were proposed: its width, or
+        every candidate when fewer were proposed (the tree comes out narrower)."""
+        return min(self.max_width, n_cands + 1)
+
+
+_ARM = re.compile(r"^(?:(ar|cost|adaspark|block-chain)|(chain|tree|pinned):(\d+))$")
+
+
+def parse_arm(spec: str, max_width: int = 64) -> Arm:
+    m = _ARM.match(spec.strip())
+    if not m:
+        raise InputError(f"unknown arm {spec!r}: use ar, chain:N, tree:N, pinned:N, cost, adaspark or block-chain")
+    if m.group(1) == "block-chain":
+        return Arm("block")
+    if m.group(1):
+        return Arm(m.group(1))
+    arm = Arm(m.group(2), int(m.group(3)))
+    if arm.max_width < 1:
+        raise InputError(f"arm {spec!r}: a verify has at least one row")
+    if arm.max_width > max_width:
+        raise InputError(f"arm {spec!r} verifies {arm.max_width} rows; the most is {max_width}")
+    if arm.max_width == 1 and arm.kind != "pinned":
+        return Arm("ar")
+    return arm
+
+
+# --- one round, as pure functions -----------------------------------------------------------------
+
+
+def draft(drafter: Drafter | None, index: SuffixIndex | None, depth_limit: int, max_alts: int,
+          picks_only: bool = False, memory: NgramMemory | None = None) -> list[Candidate]:
+    """Candidates for one round, unpriced: the drafter's (its picks alone, re-linked as a chain,
+    when ``picks_only``), then the n-gram fill (when an index is given): chains from the anchor
+    and from each pick, and up to ``max_alts`` sibling chains, from the request's own text or
+    else from the n-gram ``memory`` of earlier requests."""
+    if depth_limit <= 0:
+        return []
+    cands = drafter.propose(depth_limit) if drafter is not None else []
+    if picks_only:
+        picks = [c for c in cands if c.source == PICK]
+        for i, c in enumerate(picks):
+            c.parent = i - 1  # ANCHOR for the first
+        cands = picks
+    if index is not None:
+        ngram.fill(cands, index, min(depth_limit, MAX_CHAIN_DEPTH), max_alts, memory)
+    return cands
+
+
+@dataclass(slots=True)
+class RoundDecision:
+    """What a round decided before its verify (the record's fields of the same names)."""
+
+    priced: str | None  # which estimate priced the candidates (None: there were none)
+    order: list[int]  # the candidates best first
+    width: int  # rows to verify
+    offered: list[int]
+    prices: list[float] | None = None
+    measure: int | None = None
+    favourite: int | None = None  # the chooser's own best width, where it chose (Decision)
+
+    @property
+    def chosen(self) -> list[int]:
+        """The candidates verified: the first width - 1 of the order (a tree, Proposition 1)."""
+        return tree.prefix(self.order, self.width)
+
+
+def decide_round(cands: list[dict], context: int, p_src: float | None, arm: Arm, max_rows: int,
+                 learners: Learners | None) -> RoundDecision:
+    """One round's decisions before its verify (Algorithm 1): price every candidate (sets its
+    ``q``), order them best first (Proposition 1), and choose the width, the arm's or, for an
+    adaptive arm, the width policy's, at most ``max_rows``. ``cands``: the round record's
+    candidate dicts. The live round and replay both decide through here, so a replayed log
+    drives the learners exactly as the run did.
+
+    With learners, the acceptance model prices (the fitted model only where the arm allows it);
+    without, the head-based estimate with no offset. ``p_src`` None (no n-gram source): 0.5."""
+    priced = None
+    if cands:
+        p_src = 0.5 if p_src is None else p_src
+        if learners is not None:
+            est = learners.acceptance.estimate(cands, context, p_src, fitted_allowed=arm.fitted)
+            qs, priced = est.q, est.priced
+        else:
+            qs, priced = [head_q(c, p_src) for c in cands], HEAD
+        for c, q in zip(cands, qs):
+            c["q"] = q
+    big_q = tree.products([c["parent"] for c in cands], [c["q"] for c in cands])
+    order = tree.best_first(big_q)
+    if arm.adaptive:
+        policy = learners.policy
+        dec = policy.decide(cands, order, context, policy.cost.d_now(), max_rows, big_q)
+        width, offered, prices, measure, favourite = dec.width, dec.offered, dec.prices, dec.measure, dec.favourite
+    else:
+        width, offered, prices, measure, favourite = min(arm.max_width, max_rows), [arm.max_width], None, None, None
+    width = min(width, len(cands) + 1)  # a tree with fewer candidates comes out narrower
+    return RoundDecision(priced, order, width, offered, prices, measure, favourite)
+
+
+def stop_cut(accepted: list[int], is_eog: Callable[[int], bool], budget: int) -> tuple[int, str | None]:
+    """How many of a round's accepted tokens to commit, and the finish reason if the reply ends.
+
+    The reply ends at the first end-of-generation token (committed, not emitted) or when the
+    token budget runs out."""
+    for i, t in enumerate(accepted):
+        if i >= budget:
+            return i, LENGTH
+        if is_eog(t):
+            return i + 1, STOP
+    if len(accepted) >= budget:
+        return len(accepted), LENGTH
+    return len(accepted), None
+
+
+# --- a request ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Stats:
+    """A reply's statistics. Decode speed is on the client clock: tokens emitted after the first
+    delta over the time from the first delta to the last (the first delta's time includes the
+    prefill, so it is the interval's start, not a token of it)."""
+
+    generated: int = 0
+    rounds: int = 0
+    widths: Counter = field(default_factory=Counter)  # verified rows -> rounds
+    accepted: Counter = field(default_factory=Counter)  # accepted draft tokens -> rounds
+    first_delta_tokens: int = 0
+    t_first: float | None = None
+    t_last: float | None = None
+    verify_ms: float = 0.0
+    draft_ms: float = 0.0
+    host_ms: float = 0.0
+
+    def delta(self, n: int, now: float) -> None:
+        if n <= 0:
+            return
+        if self.t_first is None:
+            self.t_first = now
+            self.first_delta_tokens = n
+        self.t_last = now
+        self.generated += n
+
+    @property
+    def decode_seconds(self) -> float:
+        if self.t_first is None or self.t_last is None:
+            return 0.0
+        return self.t_last - self.t_first
+
+    @property
+    def decode_tps(self) -> float | None:
+        span = self.decode_seconds
+        return (self.generated - self.first_delta_tokens) / span if span > 0 else None
+
+    @property
+    def tokens_per_round(self) -> float:
+        return self.generated / self.rounds if self.rounds else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "generated_tokens": self.generated,
+            "rounds": self.rounds,
+            "decode_tok_s": self.decode_tps,
+            "decode_seconds": self.decode_seconds,
+            "tokens_per_round": self.tokens_per_round,
+            "widths": {str(k): v for k, v in sorted(self.widths.items())},
+            "accepted": {str(k): v for k, v in sorted(self.accepted.items())},
+            "verify_ms": self.verify_ms,
+            "draft_ms": self.draft_ms,
+            "host_ms_per_round": self.host_ms / self.rounds if self.rounds else 0.0,
+        }
+
+
+class Generation:
+    """One request decoded round by round, greedily, or with ``sampling`` by seeded draws that
+    speculation cannot change (sampling.py; such rounds teach the sampled regime's learners,
+    which the caller passes). Iterate it for the emitted tokens of each round (an empty list for a
+    round that emitted nothing new, e.g. only the end token); after the loop ``finish``,
+    ``stats`` and ``tokens`` describe the reply. Every round builds its
+    RoundRecord (``last_record``), which the log and, later, the online learners consume."""
+
+    def __init__(
+        self,
+        target: Target,
+        prompt: list[int],
+        arm: Arm,
+        max_tokens: int,
+        request_id: str = "r0",
+        log: RoundLog | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        drafter: Drafter | None = None,
+        learners: Learners | None = None,
+        sampling: Sampling | None = None,
+        memory: NgramMemory | None = None,
+        remember: bool = True,
+    ):
+        if sampling is not None and not hasattr(target, "row_logits"):
+            raise InputError("this target gives no distribution to sample from: use temperature 0")
+        if arm.needs_tree and not target.supports_trees:
+            raise InputError(f"arm {arm.name} needs tree verification, which recurrent/hybrid models cannot do; use chain:N or ar")
+        if arm.max_width > 1 and not target.supports_chains:
+            raise InputError(f"arm {arm.name} needs to roll back rejected drafts, which this recurrent model cannot do; use ar")
+        if arm.picks_only and drafter is None:
+            raise InputError("arm block-chain verifies a model drafter's block: give --drafter")
+        if max_tokens < 1:
+            raise InputError("max tokens must be at least 1")
+        if not prompt:
+            raise InputError("the prompt is empty after tokenisation")
+        if len(prompt) >= target.n_ctx:
+            raise InputError(f"the prompt has {len(prompt)} tokens; the context holds {target.n_ctx} (use --n-ctx)")
+        self.target = target
+        self.arm = arm
+        self.max_tokens = max_tokens
+        self.request_id = request_id
+        self.log = log
+        self.clock = clock
+        self.prompt = list(prompt)
+        self.drafter = drafter
+        # A sampled request draws each row's token from the target's distribution with noise keyed
+        # by (seed, position) (sampling.py), so speculation never changes the sample. Its rounds
+        # record the settings and seed and teach the ``learners`` they are given, which must be
+        # the sampled regime's (Learners.regime): sampled acceptance is not greedy acceptance.
+        self.sampling = sampling
+        self.seed = (sampling.seed if sampling.seed is not None else secrets.randbits(63)) if sampling else None
+        self._sampling_json = None if sampling is None else {
+            "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+            "min_p": sampling.min_p, "seed": self.seed}
+        self.index = SuffixIndex() if arm.uses_ngram else None
+        # The n-gram memory of earlier requests: read by the fill, and given this reply when it
+        # ends (unless not ``remember``: a timing repeat of a reply must not read itself).
+        self.memory = memory if arm.uses_ngram else None
+        self.remember = remember
+        # The learners persist across requests: pass the same ones to every request.
+        if learners is None and arm.learns:
+            learners = Learners()
+        self.learners = learners
+        self.tokens: list[int] = []  # the reply, end token excluded
+        self.finish: str | None = None
+        self.last_record: RoundRecord | None = None
+        self.stats = Stats()
+        self._t_start = 0.0  # the first round's start, the zero of the records' ``start``
+        self._unsettled: RoundRecord | None = None  # the latest round, until it has learned
+
+    def __iter__(self) -> Iterator[list[int]]:
+        target = self.target
+        target.start(self.prompt)
+        if self.index is not None:
+            self.index.extend(self.prompt)
+        if self.drafter is not None:
+            self.drafter.start(self.prompt)
+        if self.learners is not None:
+            self.learners.start_request()
+        rnd = 0
+        try:
+            while self.finish is None:
+                # A round never commits past the context (see the depth limit in _round), and the
+                # prompt leaves room for one token, so room() >= 1 here.
+                emitted = self._round(rnd, target.room())
+                rnd += 1
+                self.stats.delta(len(emitted), self.clock())
+                yield emitted
+        finally:
+            # Also when the consumer stops iterating (the generator is closed): every round of
+            # the reply is learned from and logged, in order, and the last one says it is. A
+            # reply ended early has its finish from ``end``, else "interrupted".
+            if self._unsettled is not None:
+                rec, self._unsettled = self._unsettled, None
+                self.finish = self.finish or INTERRUPTED
+                rec.last, rec.finish = True, self.finish
+                self._learn_and_log(rec)
+            if self.memory is not None and self.remember and self.tokens:
+                self.memory.add(self.tokens)
+
+    def end(self, finish: str = INTERRUPTED) -> None:
+        """End the reply with ``finish`` (e.g. "stop" where a stop string cut it, also in a round
+        that ended it anyway): no round follows, and the last one decoded is recorded as the
+        reply's last, with this finish."""
+        self.finish = finish
+
+    @property
+    def last_width(self) -> int:
+        return self.last_record.width if self.last_record else 0
+
+    def _round(self, rnd: int, room: int) -> list[int]:
+        target, arm, st = self.target, self.arm, self.stats
+        if self._unsettled is not None:
+            # The previous round learns now, after its tokens went out, and before this round
+            # decides; held until here so that, if it was the last, its record can say so.
+            rec, self._unsettled = self._unsettled, None
+            self._learn_and_log(rec)
+        t0 = self.clock()
+        if rnd == 0:
+            self._t_start = t0
+        anchor = target.anchor
+        context = target.n_past + 1  # committed tokens, the anchor included
+        depth_limit = min(arm.max_width - 1, room - 1)
+        cands = draft(self.drafter, self.index, depth_limit, arm.max_alts, arm.picks_only,
+                      self.memory) if arm.max_width > 1 else []
+        # The most rows this round's sources could fill: teaches the cost model its reach.
+        reach = 1 + (self.drafter.capacity if self.drafter else 0) + (
+            min(depth_limit, MAX_CHAIN_DEPTH) if self.index is not None else 0)
+        cand_dicts = [c.to_dict() for c in cands]
+        p_src = self.index.p_src if self.index is not None else None
+        # Cells: the committed prefix plus the verify's rows must fit the context.
+        max_rows = max(1, min(arm.max_width, target.n_ctx - target.n_past))
+        p = decide_round(cand_dicts, context, p_src, arm, max_rows, self.learners)
+        lay = tree.layout(anchor, cands, p.chosen)  # rows depth first
+        t1 = self.clock()
+        ver = target.verify(lay)
+        if self.sampling is None:
+            path_rows, bonus = tree.accept_walk(lay, ver.argmax)
+        else:  # each row's token drawn, lazily: the walk reads only the rows on its path
+            drawn = Draws(target.row_logits(), self.sampling, self.seed, target.n_past, lay.depth)
+            path_rows, bonus = tree.accept_walk(lay, drawn)
+            ver.argmax = drawn.as_list()
+        accepted = [lay.token[r] for r in path_rows] + [bonus]
+        budget = self.max_tokens - len(self.tokens)
+        n_commit, finish = stop_cut(accepted, target.is_eog, budget)
+        committed = accepted[:n_commit]
+        commit_ms = target.commit(lay, path_rows[: n_commit - 1], committed[-1])
+        if self.index is not None:
+            self.index.extend(committed)
+        if self.drafter is not None:
+            self.drafter.extend(committed)
+        emitted = committed[:-1] if finish == STOP else committed
+        self.tokens.extend(emitted)
+        if self.memory is not None and cands:
+            self.memory.note(sum(cands[j].kind == MEMORY for j in lay.cand[1:]),
+                             sum(cands[lay.cand[r]].kind == MEMORY for r in path_rows))
+        if finish is None and target.room() <= 0:
+            finish = CONTEXT
+        self.finish = finish
+        draft_ms = (t1 - t0) * 1e3
+        st.rounds += 1
+        st.widths[p.width] += 1
+        st.accepted[len(path_rows)] += 1
+        st.verify_ms += ver.verify_ms
+        st.draft_ms += draft_ms
+        st.host_ms += ver.host_ms + commit_ms
+        rec = RoundRecord(
+            request=self.request_id,
+            round=rnd,
+            context=context,
+            arm=arm.name,
+            anchor=anchor,
+            candidates=cand_dicts,
+            order=p.order,
+            offered=p.offered,
+            prices=p.prices,
+            measure=p.measure,
+            reach=reach,
+            p_src=p_src,
+            priced=p.priced,
+            width=p.width,
+            rows=lay.cand,
+            argmax=ver.argmax,
+            path=[lay.cand[r] for r in path_rows],
+            bonus=bonus,
+            emitted=emitted,
+            times=Timing(draft=draft_ms, verify=ver.verify_ms, commit=commit_ms,
+                         host=ver.host_ms + commit_ms, decode=ver.decode_ms,
+                         start=(t0 - self._t_start) * 1e3),
+            first=rnd == 0,
+            last=finish is not None,
+            finish=finish,
+            sampling=self._sampling_json,
+        )
+        self.last_record = rec
+        self._unsettled = rec  # learns at the next round or when the reply ends (__iter__)
+        return emitted
+
+    def _learn_and_log(self, rec: RoundRecord) -> None:
+        if self.arm.learns:
+            t0 = self.clock()
+            self.learners.learn(rec)
+            # No learner reads this field: it is filled after they learned, for the log's reader.
+            rec.times.learn = (self.clock() - t0) * 1e3
+        if self.log is not None:
+            self.log.write(rec)
+
+
+class Draws:
+    """A sampled verify's token per row, drawn when first read (sampling.draw at the row's
+    position); ``as_list`` gives -1 for the rows never read."""
+
+    def __init__(self, logits, sampling: Sampling, seed: int, pos0: int, depth: list[int]):
+        self.logits, self.sampling, self.seed, self.pos0, self.depth = logits, sampling, seed, pos0, depth
+        self._got: dict[int, int] = {}
+
+    def __getitem__(self, row: int) -> int:
+        t = self._got.get(row)
+        if t is None:
+            t = self._got[row] = draw(self.logits[row], self.sampling, self.seed, self.pos0 + self.depth[row])
+        return t
+
+    def as_list(self) -> list[int]:
+        return [self._got.get(r, -1) for r in range(len(self.depth))]
+
+
+def run(target: Target, prompt: list[int], arm: Arm, max_tokens: int, **kw) -> Generation:
+    """Decode a whole reply and return the finished Generation."""
+    gen = Generation(target, prompt, arm, max_tokens, **kw)
+    for _ in gen:
+        pass
+    return gen

@@ -1,0 +1,71 @@
+"""The conversation sets of the paper's Appendix A (``../shared/testset``, DESIGN.md) and any file
+of the same format: ``{"set", "provenance", "subset", "conversations": [...]}``; a conversation
+has ``name``, ``kind``, ``source`` and ``turns``, a turn ``kind``, ``type`` and ``text`` (and, in
+tool-use sets, ``result``: the recorded tool result returned after the model's reply)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from adaspark_core.base.errors import InputError
+
+# The sources in the order of the paper's Table 13 (and ../shared/testset/README.md).
+SOURCE_ORDER = ("specbench", "speedbench", "wildchat", "convfinqa", "toolace", "longbench")
+
+
+def is_eval_subset(path: Path) -> bool:
+    """Whether a set file says it already is the paper's evaluation subset (as ../shared/testset)."""
+    try:
+        return str(orjson.loads(Path(path).read_bytes()).get("subset", "")).startswith("evaluation subset")
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return False
+
+
+def default_dir() -> Path:
+    """``../shared/testset`` beside the repository."""
+    return Path(__file__).resolve().parents[3] / "shared" / "testset"
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    set: str
+    name: str
+    kind: str
+    turns: tuple[dict, ...]
+    tools: tuple[dict, ...] = ()  # the tool schemas a tool-use conversation offers
+
+
+def load(path: Path) -> list[Conversation]:
+    """The conversations of one set file; InputError naming the file for anything malformed."""
+    try:
+        d = orjson.loads(Path(path).read_bytes())
+        convs = d["conversations"]
+        name = d.get("set") or Path(path).stem
+        out = [Conversation(name, c["name"], c["kind"], tuple(c["turns"]), tuple(c.get("tools") or ())) for c in convs]
+        if any(not isinstance(t.get("text"), str) for c in out for t in c.turns):
+            raise ValueError("a turn has no text")
+        return out
+    except OSError as e:
+        raise InputError(f"cannot read the conversation set {path}: {e.strerror}") from None
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
+        raise InputError(f"{path} is not a conversation set ({e})") from None
+
+
+def load_sources(names: list[str], directory: Path | None = None) -> list[Conversation]:
+    """Conversations of the named sources (``specbench`` or ``specbench:rag,summarization`` to
+    keep only some kinds), in the order given."""
+    directory = directory or default_dir()
+    out: list[Conversation] = []
+    for spec in names:
+        source, _, kinds = spec.partition(":")
+        convs = load(directory / f"{source}.json")
+        keep = set(kinds.split(",")) if kinds else None
+        out += [c for c in convs if keep is None or c.kind in keep]
+    return out
+
+
+def user_message(turn: dict) -> dict:
+    return {"role": "user", "content": turn["text"]}
