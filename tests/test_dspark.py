@@ -86,9 +86,9 @@ def test_dspark_blocks_have_the_papers_shape_and_follow_the_markov_head(lm, dspa
     target, drafter = dspark
     prompt = prompt_tokens(lm, "explain.txt")
     target.start(prompt)
-    drafter.start(prompt)
-    check_block(drafter.propose(16), 16)
-    check_block(drafter.propose(2), 2)  # a depth limit shortens the block
+    drafter.begin(prompt)
+    check_block(drafter.block(16), 16)
+    check_block(drafter.block(2), 2)  # a depth limit shortens the block
     logits, conf = drafter.ctx.draft(drafter.anchor, drafter.n_past, B)
     assert logits.shape == (B, lm.n_vocab) and conf.shape == (B,) and np.all((conf > 0) & (conf < 1))
     # Every proposal is computed afresh from the same cache: the block leaves no cell behind.
@@ -111,7 +111,7 @@ def test_the_incremental_cache_matches_a_fresh_prefill(lm, dspark):
     assert target.anchor == text[-1]
     grown, grown_conf = drafter.ctx.draft(drafter.anchor, drafter.n_past, B)
     target.start(text)
-    drafter.start(text)
+    drafter.begin(text)
     fresh, fresh_conf = drafter.ctx.draft(drafter.anchor, drafter.n_past, B)
     assert grown.argmax(axis=1).tolist() == fresh.argmax(axis=1).tolist()
     np.testing.assert_allclose(grown, fresh, atol=0.05)

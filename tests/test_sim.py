@@ -142,8 +142,8 @@ def test_the_head_based_estimate_prices_candidates_at_their_true_probability():
 
 def test_proposals_are_a_dspark_block_with_distinct_tokens():
     target, drafter, clock, prompt = make_sim("lfm2.5-2.6b-q8", seed=1)
-    drafter.start(prompt)
-    cands = drafter.propose(3)
+    drafter.begin(prompt)
+    cands = drafter.block(3)
     assert clock.ms == pytest.approx(2.0)
     assert len(cands) == 3 * 8 and max(c.depth for c in cands) == 3
     tree.check_topological(cands)
@@ -154,7 +154,7 @@ def test_proposals_are_a_dspark_block_with_distinct_tokens():
         assert len(picks) == 1
         assert all(c.parent == cands[picks[0]].parent for c in cands if c.depth == d)
     # Common random numbers: the same position gives the same proposals at any depth limit.
-    again = drafter.propose(7)
+    again = drafter.block(7)
     assert [c.token for c in again[:24]] == [c.token for c in cands]
 
 

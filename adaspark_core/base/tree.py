@@ -60,6 +60,16 @@ _FIELDS = Candidate.__slots__
 _GET_FIELDS = attrgetter(*_FIELDS)  # one C call per candidate: this runs for every candidate of every round
 
 
+def append_proposal(cands: list[Candidate], new: list[Candidate]) -> None:
+    """Append a proposal indexed from 0 (its parents point into itself) to ``cands``, moving its
+    parent indices past the candidates already there (a Proposer's ``propose``)."""
+    at = len(cands)
+    for c in new:
+        if c.parent != ANCHOR:
+            c.parent += at
+    cands.extend(new)
+
+
 def child_of(cands: list[Candidate], parent: int, token: int, source: str, **features) -> Candidate:
     """A candidate hanging below ``parent`` (an index into ``cands`` or ANCHOR)."""
     depth = 1 if parent == ANCHOR else cands[parent].depth + 1

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from adaspark_core.base.errors import InputError
-from adaspark_core.base.tree import ANCHOR, PICK, SIBLING, Candidate, child_of
+from adaspark_core.base.tree import ANCHOR, PICK, SIBLING, Candidate, append_proposal, child_of
 from adaspark_core.engine.bindings import check_gguf
 from adaspark_core.engine.dspark import DSparkContext
 from adaspark_core.engine.llama import LlamaModel, LlamaSequence, LlamaTarget
@@ -57,10 +57,10 @@ def block(steps: list[tuple[list[int], list[float]]], confidence=None) -> list[C
 
 
 class ModelDrafter:
-    """A same-vocabulary draft model on its own context (Drafter protocol, engine/base.py).
+    """A same-vocabulary draft model on its own context (a Proposer, candidates/base.py).
 
     Its KV cache holds the committed tokens but the anchor, as the target's does. ``propose``
-    decodes the anchor and then each pick, one token at a time; ``extend`` keeps the cells of the
+    decodes the anchor and then each pick, one token at a time; ``accept`` keeps the cells of the
     anchor and of the picks the round committed, drops the rest and decodes what is missing."""
 
     name = "model"
@@ -77,10 +77,6 @@ class ModelDrafter:
         self.spec: list[int] = []  # tokens decoded past the committed cells by the last propose
 
     @property
-    def capacity(self) -> int:
-        return self.B * self.K
-
-    @property
     def n_past(self) -> int:
         """Committed cells (the anchor excluded), to compare with the target's."""
         return self.seq.n_past - len(self.spec)
@@ -88,14 +84,18 @@ class ModelDrafter:
     def close(self) -> None:
         self.seq.close()
 
-    def start(self, tokens: list[int]) -> None:
+    def begin(self, tokens: list[int]) -> None:
         self.seq.clear()
         self.seq.append(tokens[:-1])
         self.anchor = tokens[-1]
         self.spec = []
 
-    def propose(self, depth_limit: int) -> list[Candidate]:
-        # The scheduler's depth limit keeps the anchor and the picks inside the context.
+    def propose(self, cands: list[Candidate], depth_limit: int) -> None:
+        append_proposal(cands, self.block(depth_limit))
+
+    def block(self, depth_limit: int) -> list[Candidate]:
+        """This round's block: min(B, ``depth_limit``) positions, top-K each, indexed from 0.
+        The scheduler's depth limit keeps the anchor and the picks inside the context."""
         n = min(self.B, depth_limit)
         steps = []
         logits = self.seq.append([self.anchor], logits=True)
@@ -108,10 +108,10 @@ class ModelDrafter:
                 self.spec.append(toks[0])
         return block(steps)
 
-    def extend(self, tokens: list[int]) -> None:
-        """``tokens`` were committed (the last is the new anchor): the old anchor and all but the
-        last of ``tokens`` join the cache."""
-        new = [self.anchor, *tokens[:-1]]
+    def accept(self, committed: list[int], verified=(), accepted=()) -> None:
+        """``committed`` by the round (the last is the new anchor): the old anchor and all but the
+        last join the cache."""
+        new = [self.anchor, *committed[:-1]]
         base = self.seq.n_past - len(self.spec)
         keep = 0
         while keep < min(len(new), len(self.spec)) and new[keep] == self.spec[keep]:
@@ -119,11 +119,14 @@ class ModelDrafter:
         self.seq.truncate(base + keep)
         self.seq.append(new[keep:])
         self.spec = []
-        self.anchor = tokens[-1]
+        self.anchor = committed[-1]
+
+    def end(self, reply: list[int]) -> None:
+        pass
 
 
 class DSparkDrafter:
-    """A DSpark block drafter (Drafter protocol): every round one forward pass of the anchor and
+    """A DSpark block drafter (a Proposer, candidates/base.py): every round one forward pass of the anchor and
     B - 1 mask tokens over the target's hidden states gives B positions' top-K, the Markov head
     chaining each position to the previous one's pick (paper 2.1-2.2).
 
@@ -147,15 +150,11 @@ class DSparkDrafter:
         self.anchor: int | None = None
         self.n_past = 0  # committed cells (the anchor excluded): the anchor's position
 
-    @property
-    def capacity(self) -> int:
-        return self.B * self.K
-
     def close(self) -> None:
         """Free the draft context (before its target's: it reads the target's)."""
         self.ctx.close()
 
-    def start(self, tokens: list[int]) -> None:
+    def begin(self, tokens: list[int]) -> None:
         self.ctx.clear()
         self.n_past = 0
         self._take()
@@ -168,7 +167,11 @@ class DSparkDrafter:
             self.ctx.inject(pos0, rows)
             self.n_past = pos0 + len(rows)
 
-    def propose(self, depth_limit: int) -> list[Candidate]:
+    def propose(self, cands: list[Candidate], depth_limit: int) -> None:
+        append_proposal(cands, self.block(depth_limit))
+
+    def block(self, depth_limit: int) -> list[Candidate]:
+        """This round's block: min(B, ``depth_limit``) positions, top-K each, indexed from 0."""
         n = min(self.B, depth_limit)
         if n <= 0:
             return []
@@ -176,9 +179,12 @@ class DSparkDrafter:
         steps = [top_k(row, self.K)[:2] for row in logits]
         return block(steps, conf)
 
-    def extend(self, tokens: list[int]) -> None:
+    def accept(self, committed: list[int], verified=(), accepted=()) -> None:
         self._take()
-        self.anchor = tokens[-1]
+        self.anchor = committed[-1]
+
+    def end(self, reply: list[int]) -> None:
+        pass
 
 
 def check_same_vocab(target: LlamaModel, draft: LlamaModel) -> None:

@@ -396,3 +396,39 @@ def _path_tokens(cands: list[Candidate], j: int) -> list[int]:
         j = cands[j].parent
     out.reverse()
     return out
+
+
+class NgramSource:
+    """The n-gram source as a Proposer (candidates/base.py): the fill of each round from the
+    request's own text (a SuffixIndex made at ``begin``) or, where it has no copy to offer, from
+    the ``memory`` of earlier replies, which keeps this reply when it ends (unless not
+    ``remember``: a timing repeat of a reply must not find itself there)."""
+
+    name = "ngram"
+
+    def __init__(self, max_alts: int, memory: NgramMemory | None = None, remember: bool = True):
+        self.max_alts = max_alts
+        self.memory = memory
+        self.remember = remember
+        self.index = SuffixIndex()
+
+    @property
+    def p_src(self) -> float:
+        """The request's n-gram precision so far (Eq. 6's prior of an n-gram node)."""
+        return self.index.p_src
+
+    def begin(self, tokens: list[int]) -> None:
+        self.index = SuffixIndex()
+        self.index.extend(tokens)
+
+    def propose(self, cands: list[Candidate], depth_limit: int) -> None:
+        fill(cands, self.index, min(depth_limit, tree.MAX_CHAIN_DEPTH), self.max_alts, self.memory)
+
+    def accept(self, committed: list[int], verified: list[Candidate], accepted: list[Candidate]) -> None:
+        self.index.extend(committed)
+        if self.memory is not None and verified:
+            self.memory.note(sum(c.kind == MEMORY for c in verified), sum(c.kind == MEMORY for c in accepted))
+
+    def end(self, reply: list[int]) -> None:
+        if self.memory is not None and self.remember and reply:
+            self.memory.add(reply)

@@ -1,9 +1,11 @@
 """One round of Algorithm 1, engine-agnostic, and the arms that set its width.
 
-A round is a chain of small functions (gpt-fast style): ``draft`` proposes candidates,
-``decide_round`` prices and orders them and picks the width (replay.py decides through it too),
-the target verifies, ``accept_walk`` returns what was accepted, and ``Generation`` does the
-bookkeeping (stopping, commit, index, log, statistics, learning).
+A round is a chain of small steps (gpt-fast style): the proposers (candidates/base.py) propose
+candidates, ``decide_round`` prices and orders them and picks the width (replay.py decides through
+it too), the target verifies, ``accept_walk`` returns what was accepted, and ``Generation`` does the
+bookkeeping (stopping, commit, the proposers told, statistics, the record; learning and the log
+once the round's tokens are out). ``Generation.plan`` is everything before the verify and
+``Generation.complete`` everything after, so a verify can be shared between requests.
 
 Arms (this issue): ``ar`` verifies one row per round; ``chain:N`` verifies the n-gram chain, at most
 N draft tokens (N + 1 rows; ``chain:3`` is llama.cpp's default speculative configuration);
@@ -23,11 +25,11 @@ from typing import Callable, Iterator
 from adaspark_core.base import tree
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.sampling import Sampling, draw
-from adaspark_core.base.tree import MAX_CHAIN_DEPTH, PICK, Candidate, head_q
-from adaspark_core.candidates import ngram
+from adaspark_core.base.tree import Candidate, head_q
+from adaspark_core.candidates.base import PicksOnly, Proposer, propose_round
 from adaspark_core.candidates.memory import NgramMemory
-from adaspark_core.candidates.ngram import MEMORY, SuffixIndex
-from adaspark_core.engine.base import Drafter, Target
+from adaspark_core.candidates.ngram import NgramSource
+from adaspark_core.engine.base import Target, Verified
 from adaspark_core.learn.acceptance import HEAD
 from adaspark_core.learn.learned import Learners
 from adaspark_core.store.record import RoundLog, RoundRecord, Timing
@@ -105,11 +107,6 @@ class Arm:
     def needs_tree(self) -> bool:
         return self.max_width > 2 and self.kind not in ("chain", "block")
 
-    def choose(self, n_cands: int) -> int:
-        """The width a fixed arm verifies when ``n_cands`` candidates were proposed: its width, or
-        every candidate when fewer were proposed (the tree comes out narrower)."""
-        return min(self.max_width, n_cands + 1)
-
 
 _ARM = re.compile(r"^(?:(ar|cost|adaspark|block-chain)|(chain|tree|pinned):(\d+))$")
 
@@ -135,25 +132,6 @@ def parse_arm(spec: str, max_width: int = 64) -> Arm:
 # --- one round, as pure functions -----------------------------------------------------------------
 
 
-def draft(drafter: Drafter | None, index: SuffixIndex | None, depth_limit: int, max_alts: int,
-          picks_only: bool = False, memory: NgramMemory | None = None) -> list[Candidate]:
-    """Candidates for one round, unpriced: the drafter's (its picks alone, re-linked as a chain,
-    when ``picks_only``), then the n-gram fill (when an index is given): chains from the anchor
-    and from each pick, and up to ``max_alts`` sibling chains, from the request's own text or
-    else from the n-gram ``memory`` of earlier requests."""
-    if depth_limit <= 0:
-        return []
-    cands = drafter.propose(depth_limit) if drafter is not None else []
-    if picks_only:
-        picks = [c for c in cands if c.source == PICK]
-        for i, c in enumerate(picks):
-            c.parent = i - 1  # ANCHOR for the first
-        cands = picks
-    if index is not None:
-        ngram.fill(cands, index, min(depth_limit, MAX_CHAIN_DEPTH), max_alts, memory)
-    return cands
-
-
 @dataclass(slots=True)
 class RoundDecision:
     """What a round decided before its verify (the record's fields of the same names)."""
@@ -170,6 +148,23 @@ class RoundDecision:
     def chosen(self) -> list[int]:
         """The candidates verified: the first width - 1 of the order (a tree, Proposition 1)."""
         return tree.prefix(self.order, self.width)
+
+
+@dataclass(slots=True)
+class RoundPlan:
+    """A round between its decision and its verify: what ``Generation.plan`` proposed and decided,
+    and what ``Generation.complete`` needs after the verify."""
+
+    rnd: int
+    t0: float  # the round's start (clock)
+    t_proposed: float  # proposing and deciding done: the drafter's and the tree's time, D
+    anchor: int
+    context: int  # committed tokens, the anchor included
+    cands: list[Candidate]
+    cand_dicts: list[dict]  # the record's candidates, priced (q set by decide_round)
+    p_src: float | None
+    decision: RoundDecision
+    layout: tree.Layout  # the rows to verify, depth first
 
 
 def decide_round(cands: list[dict], context: int, p_src: float | None, arm: Arm, max_rows: int,
@@ -295,7 +290,7 @@ class Generation:
         request_id: str = "r0",
         log: RoundLog | None = None,
         clock: Callable[[], float] = time.perf_counter,
-        drafter: Drafter | None = None,
+        drafter: Proposer | None = None,
         learners: Learners | None = None,
         sampling: Sampling | None = None,
         memory: NgramMemory | None = None,
@@ -322,7 +317,6 @@ class Generation:
         self.log = log
         self.clock = clock
         self.prompt = list(prompt)
-        self.drafter = drafter
         # A sampled request draws each row's token from the target's distribution with noise keyed
         # by (seed, position) (sampling.py), so speculation never changes the sample. Its rounds
         # record the settings and seed and teach the ``learners`` they are given, which must be
@@ -332,11 +326,13 @@ class Generation:
         self._sampling_json = None if sampling is None else {
             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
             "min_p": sampling.min_p, "seed": self.seed}
-        self.index = SuffixIndex() if arm.uses_ngram else None
-        # The n-gram memory of earlier requests: read by the fill, and given this reply when it
-        # ends (unless not ``remember``: a timing repeat of a reply must not read itself).
-        self.memory = memory if arm.uses_ngram else None
-        self.remember = remember
+        # The candidate sources, in the order they propose (candidates/base.py): the model drafter
+        # (its picks alone for block-chain), then the n-gram fill from the request's own text and
+        # the ``memory`` of earlier requests, which gets this reply when it ends (unless not
+        # ``remember``: a timing repeat of a reply must not read itself).
+        self.ngram = NgramSource(arm.max_alts, memory, remember) if arm.uses_ngram else None
+        model = PicksOnly(drafter) if drafter is not None and arm.picks_only else drafter
+        self.proposers: list[Proposer] = [p for p in (model, self.ngram) if p is not None]
         # The learners persist across requests: pass the same ones to every request.
         if learners is None and arm.learns:
             learners = Learners()
@@ -347,36 +343,45 @@ class Generation:
         self.stats = Stats()
         self._t_start = 0.0  # the first round's start, the zero of the records' ``start``
         self._unsettled: RoundRecord | None = None  # the latest round, until it has learned
+        self._closed = False
 
     def __iter__(self) -> Iterator[list[int]]:
-        target = self.target
-        target.start(self.prompt)
-        if self.index is not None:
-            self.index.extend(self.prompt)
-        if self.drafter is not None:
-            self.drafter.start(self.prompt)
-        if self.learners is not None:
-            self.learners.start_request()
+        self.begin()
         rnd = 0
         try:
             while self.finish is None:
-                # A round never commits past the context (see the depth limit in _round), and the
+                # A round never commits past the context (see the depth limit in plan), and the
                 # prompt leaves room for one token, so room() >= 1 here.
-                emitted = self._round(rnd, target.room())
+                emitted = self._round(rnd, self.target.room())
                 rnd += 1
                 self.stats.delta(len(emitted), self.clock())
                 yield emitted
         finally:
-            # Also when the consumer stops iterating (the generator is closed): every round of
-            # the reply is learned from and logged, in order, and the last one says it is. A
-            # reply ended early has its finish from ``end``, else "interrupted".
-            if self._unsettled is not None:
-                rec, self._unsettled = self._unsettled, None
-                self.finish = self.finish or INTERRUPTED
-                rec.last, rec.finish = True, self.finish
-                self._learn_and_log(rec)
-            if self.memory is not None and self.remember and self.tokens:
-                self.memory.add(self.tokens)
+            self.close()
+
+    def begin(self) -> None:
+        """The request starts: its prompt into the target, every proposer and the learners."""
+        self.target.start(self.prompt)
+        for source in self.proposers:
+            source.begin(self.prompt)
+        if self.learners is not None:
+            self.learners.start_request()
+
+    def close(self) -> None:
+        """The request ends, however it ends (also when the consumer stops iterating): every
+        round of the reply is learned from and logged, in order, and the last one says it is (a
+        reply ended early has its finish from ``end``, else "interrupted"); every proposer hears
+        the reply. Once only."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._unsettled is not None:
+            rec, self._unsettled = self._unsettled, None
+            self.finish = self.finish or INTERRUPTED
+            rec.last, rec.finish = True, self.finish
+            self._learn_and_log(rec)
+        for source in self.proposers:
+            source.end(self.tokens)
 
     def end(self, finish: str = INTERRUPTED) -> None:
         """End the reply with ``finish`` (e.g. "stop" where a stop string cut it, also in a round
@@ -389,31 +394,43 @@ class Generation:
         return self.last_record.width if self.last_record else 0
 
     def _round(self, rnd: int, room: int) -> list[int]:
-        target, arm, st = self.target, self.arm, self.stats
+        """One round of Algorithm 1: propose and decide (``plan``), verify, and accept, commit and
+        record (``complete``). A batch of requests would plan each, verify them together, and
+        complete each."""
+        plan = self.plan(rnd, room)
+        return self.complete(plan, self.target.verify(plan.layout))
+
+    def _settle(self) -> None:
+        """The previous round learns and is logged: after its tokens went out, before this round
+        decides; held until now so that, if it was the last, its record can say so."""
         if self._unsettled is not None:
-            # The previous round learns now, after its tokens went out, and before this round
-            # decides; held until here so that, if it was the last, its record can say so.
             rec, self._unsettled = self._unsettled, None
             self._learn_and_log(rec)
+
+    def plan(self, rnd: int, room: int) -> RoundPlan:
+        """Propose (every source, in order) and decide (price, order, width): the tree to verify.
+        ``room``: how many more tokens the context takes after the anchor. The previous round
+        learns first (``_settle``)."""
+        self._settle()
+        target, arm = self.target, self.arm
         t0 = self.clock()
         if rnd == 0:
             self._t_start = t0
-        anchor = target.anchor
         context = target.n_past + 1  # committed tokens, the anchor included
-        depth_limit = min(arm.max_width - 1, room - 1)
-        cands = draft(self.drafter, self.index, depth_limit, arm.max_alts, arm.picks_only,
-                      self.memory) if arm.max_width > 1 else []
-        # The most rows this round's sources could fill: teaches the cost model its reach.
-        reach = 1 + (self.drafter.capacity if self.drafter else 0) + (
-            min(depth_limit, MAX_CHAIN_DEPTH) if self.index is not None else 0)
+        cands = propose_round(self.proposers, min(arm.max_width - 1, room - 1))
         cand_dicts = [c.to_dict() for c in cands]
-        p_src = self.index.p_src if self.index is not None else None
+        p_src = self.ngram.p_src if self.ngram is not None else None
         # Cells: the committed prefix plus the verify's rows must fit the context.
         max_rows = max(1, min(arm.max_width, target.n_ctx - target.n_past))
-        p = decide_round(cand_dicts, context, p_src, arm, max_rows, self.learners)
-        lay = tree.layout(anchor, cands, p.chosen)  # rows depth first
-        t1 = self.clock()
-        ver = target.verify(lay)
+        decision = decide_round(cand_dicts, context, p_src, arm, max_rows, self.learners)
+        layout = tree.layout(target.anchor, cands, decision.chosen)  # rows depth first
+        return RoundPlan(rnd, t0, self.clock(), target.anchor, context, cands, cand_dicts, p_src, decision, layout)
+
+    def complete(self, plan: RoundPlan, ver: Verified) -> list[int]:
+        """After the verify: walk the rows the target agrees with, commit the accepted path and the
+        target's own next token (up to the end token or the budget), tell every source, count, and
+        build the round's record. Returns the tokens the round emitted."""
+        target, lay = self.target, plan.layout
         if self.sampling is None:
             path_rows, bonus = tree.accept_walk(lay, ver.argmax)
         else:  # each row's token drawn, lazily: the walk reads only the rows on its path
@@ -421,23 +438,26 @@ class Generation:
             path_rows, bonus = tree.accept_walk(lay, drawn)
             ver.argmax = drawn.as_list()
         accepted = [lay.token[r] for r in path_rows] + [bonus]
-        budget = self.max_tokens - len(self.tokens)
-        n_commit, finish = stop_cut(accepted, target.is_eog, budget)
+        n_commit, finish = stop_cut(accepted, target.is_eog, self.max_tokens - len(self.tokens))
         committed = accepted[:n_commit]
         commit_ms = target.commit(lay, path_rows[: n_commit - 1], committed[-1])
-        if self.index is not None:
-            self.index.extend(committed)
-        if self.drafter is not None:
-            self.drafter.extend(committed)
+        verified = [plan.cands[j] for j in lay.cand[1:]]
+        on_path = [plan.cands[lay.cand[r]] for r in path_rows]
+        for source in self.proposers:
+            source.accept(committed, verified, on_path)
         emitted = committed[:-1] if finish == STOP else committed
         self.tokens.extend(emitted)
-        if self.memory is not None and cands:
-            self.memory.note(sum(cands[j].kind == MEMORY for j in lay.cand[1:]),
-                             sum(cands[lay.cand[r]].kind == MEMORY for r in path_rows))
         if finish is None and target.room() <= 0:
             finish = CONTEXT
         self.finish = finish
-        draft_ms = (t1 - t0) * 1e3
+        self._record(plan, ver, path_rows, bonus, emitted, commit_ms, finish)
+        return emitted
+
+    def _record(self, plan: RoundPlan, ver: Verified, path_rows: list[int], bonus: int, emitted: list[int],
+                commit_ms: float, finish: str | None) -> None:
+        """Count the round and build its record; it learns and is logged when settled."""
+        st, p, lay = self.stats, plan.decision, plan.layout
+        draft_ms = (plan.t_proposed - plan.t0) * 1e3
         st.rounds += 1
         st.widths[p.width] += 1
         st.accepted[len(path_rows)] += 1
@@ -446,17 +466,16 @@ class Generation:
         st.host_ms += ver.host_ms + commit_ms
         rec = RoundRecord(
             request=self.request_id,
-            round=rnd,
-            context=context,
-            arm=arm.name,
-            anchor=anchor,
-            candidates=cand_dicts,
+            round=plan.rnd,
+            context=plan.context,
+            arm=self.arm.name,
+            anchor=plan.anchor,
+            candidates=plan.cand_dicts,
             order=p.order,
             offered=p.offered,
             prices=p.prices,
             measure=p.measure,
-            reach=reach,
-            p_src=p_src,
+            p_src=plan.p_src,
             priced=p.priced,
             width=p.width,
             rows=lay.cand,
@@ -466,15 +485,14 @@ class Generation:
             emitted=emitted,
             times=Timing(draft=draft_ms, verify=ver.verify_ms, commit=commit_ms,
                          host=ver.host_ms + commit_ms, decode=ver.decode_ms,
-                         start=(t0 - self._t_start) * 1e3),
-            first=rnd == 0,
+                         start=(plan.t0 - self._t_start) * 1e3),
+            first=plan.rnd == 0,
             last=finish is not None,
             finish=finish,
             sampling=self._sampling_json,
         )
         self.last_record = rec
         self._unsettled = rec  # learns at the next round or when the reply ends (__iter__)
-        return emitted
 
     def _learn_and_log(self, rec: RoundRecord) -> None:
         if self.arm.learns:

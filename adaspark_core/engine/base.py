@@ -1,11 +1,12 @@
-"""The Target protocol: what the scheduler needs from an engine (DESIGN.md, engine/)."""
+"""The Target protocol: what the scheduler needs from an engine. (What a source of candidates
+implements is the Proposer contract, candidates/base.py.)"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
 
-from adaspark_core.base.tree import Candidate, Layout
+from adaspark_core.base.tree import Layout
 
 
 @dataclass(slots=True)
@@ -45,24 +46,3 @@ class Target(Protocol):
 
     # A target that can serve sampled requests also has ``row_logits()``: the last verify's
     # logits, one row per verified row (engine/llama.py).
-
-
-class Drafter(Protocol):
-    """A model candidate source, one request at a time (paper 2.1-2.2). The n-gram fill is not a
-    drafter: the scheduler adds its chains to whatever the drafter proposes."""
-
-    name: str
-    capacity: int  # the most candidates one proposal can hold (e.g. B x K for a block drafter)
-
-    def start(self, tokens: list[int]) -> None:
-        """A new request whose committed tokens so far are ``tokens`` (the last is the anchor)."""
-
-    def extend(self, tokens: list[int]) -> None:
-        """``tokens`` were committed by a round (the last is the new anchor)."""
-
-    def propose(self, depth_limit: int) -> list[Candidate]:
-        """Candidates below the anchor, parents before children, none deeper than
-        ``depth_limit``. Features (h, share) set; ``q`` is left to the acceptance model."""
-
-    def close(self) -> None:
-        """Free the drafter's llama.cpp context."""

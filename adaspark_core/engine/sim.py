@@ -27,6 +27,7 @@ from adaspark_core.base.tree import (
     SIBLING,
     Candidate,
     Layout,
+    append_proposal,
     best_first,
     child_of,
     head_q,
@@ -406,7 +407,7 @@ def tree_shape(params: DraftParams, depth_limit: int) -> list[Candidate]:
 
 
 class SimDrafter:
-    """A Drafter (engine/base.py) proposing a DSpark-shaped block (paper 2.2) with known acceptance.
+    """A Proposer (candidates/base.py) proposing a DSpark-shaped block (paper 2.2) with known acceptance.
 
     Draws depend only on (seed, anchor position, depth), so arms decoding the same text see the
     same proposals at the same position (common random numbers), whatever their depth limit.
@@ -424,18 +425,20 @@ class SimDrafter:
         self.seed = seed
         self.pos = -1  # absolute position of the anchor
 
-    @property
-    def capacity(self) -> int:
-        """The most candidates one proposal holds: B x K."""
-        return self.params.block * self.params.k
-
-    def start(self, tokens: list[int]) -> None:
+    def begin(self, tokens: list[int]) -> None:
         self.pos = len(tokens) - 1
 
-    def extend(self, tokens: list[int]) -> None:
-        self.pos += len(tokens)
+    def accept(self, committed: list[int], verified=(), accepted=()) -> None:
+        self.pos += len(committed)
 
-    def propose(self, depth_limit: int) -> list[Candidate]:
+    def end(self, reply: list[int]) -> None:
+        pass
+
+    def propose(self, cands: list[Candidate], depth_limit: int) -> None:
+        append_proposal(cands, self.block(depth_limit))
+
+    def block(self, depth_limit: int) -> list[Candidate]:
+        """This round's block, indexed from 0."""
         self.clock.advance_ms(self.draft_ms)
         p = self.params
         cands = tree_shape(p, depth_limit)
