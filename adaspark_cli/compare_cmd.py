@@ -35,7 +35,7 @@ def compare(
     model: Optional[str] = console.MODEL,
     drafter: str = console.DRAFTER,
     block: Optional[int] = console.BLOCK,
-    top_k: int = console.TOP_K,
+    draft_top_k: int = console.DRAFT_TOP_K,
     arms: str = typer.Option(DEFAULT_ARMS, "--arms", help="Comma-separated: ar, pld:N, chain:N, block-chain, tree:N, cost, adaspark, pinned:N (ar always runs: it is the baseline); llama.cpp's own llama-server (make peer): llama:ar, llama:SPEC or llama:SPEC:N:M, SPEC one of ngram-simple, ngram-map-k, ngram-map-k4v (N: --spec-ngram-*-size-n, the n-gram looked up; M: --spec-ngram-*-size-m, the most draft tokens), ngram-mod (N: --spec-ngram-mod-n-match; M: --spec-ngram-mod-n-max) or ngram-cache (no sizes)."),
     sets: Optional[List[Path]] = typer.Option(None, "--sets", help="A folder of conversation sets, set files (.json) or prompt files (one turn each); repeat it. Default: ../shared/testset."),
     subset: str = typer.Option("eval", "--subset", help="eval (the paper's evaluation subset rule), short (first two turns of each source's first conversation) or all."),
@@ -73,7 +73,8 @@ def compare(
             raise InputError(f"--logs wants a folder: {logs} is a file")
         if out is not None:  # found unwritable now, not after the whole run
             landing(out / RESULTS)
-        with Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k, reuse_prefix)) as rt:
+        with Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter, block=block,
+                                          draft_top_k=draft_top_k, reuse_prefix=reuse_prefix)) as rt:
             names, replies = _run(rt, arms, convs, max_tokens, repeat, warm, logs, memory_mb, warm_convs, how)
             turns, skipped = sum(len(c.turns) for c in convs), cmp.left_out(convs, replies, names[0])
             fit = (f"the context of {rt.target.n_ctx} tokens (a prompt plus --max-tokens {max_tokens} must fit: "

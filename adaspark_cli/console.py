@@ -97,7 +97,7 @@ def histogram(counts: dict) -> str:
 MODEL = typer.Option(None, "--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct, Q4_0), or sim:CURVE, a simulated model for tests (engine/simlm.py).")
 DRAFTER = typer.Option("none", "--drafter", help="none (n-gram candidates only), dspark:FILE (a DSpark block drafter GGUF made for the model) or model:FILE (a draft model with the model's vocabulary).")
 BLOCK = typer.Option(None, "--block", min=1, help="Positions a model drafter proposes per round (B; default: a DSpark file's block size, 4 for a draft model).")
-TOP_K = typer.Option(8, "--draft-top-k", min=1, help="Candidates a model drafter keeps per position (K).")
+DRAFT_TOP_K = typer.Option(8, "--draft-top-k", min=1, help="Candidates a model drafter keeps per position (K).")
 N_CTX = typer.Option(None, "--n-ctx", min=16, help="Context size (default: the model's, at most 8192).")
 THREADS = typer.Option(None, "--threads", min=1, help="CPU threads (default: all).")
 ARM = typer.Option("adaspark", "--arm", help="adaspark, cost, pinned:N, tree:N, chain:N or ar.")

@@ -28,7 +28,7 @@ def decode(
     memory_mb: float = console.MEMORY_MB,
     drafter: str = console.DRAFTER,
     block: Optional[int] = console.BLOCK,
-    top_k: int = console.TOP_K,
+    draft_top_k: int = console.DRAFT_TOP_K,
     temperature: float = console.TEMPERATURE,
     sample_top_k: int = console.SAMPLE_TOP_K,
     top_p: float = console.TOP_P,
@@ -42,7 +42,8 @@ def decode(
     how = console.sampling(temperature, sample_top_k, top_p, min_p, seed)
     text = console.read_prompt(prompt_file)
     system = console.utf8(system, "--system") if system is not None else None
-    with reported(), Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k),
+    with reported(), Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter,
+                                                block=block, draft_top_k=draft_top_k),
                                   arm=arm, store=store, log=log, memory_mb=memory_mb) as rt:
         if raw:
             prompt = rt.tokens(text)

@@ -90,7 +90,7 @@ def profile(
         ws, cs, n_ctx, notes = prof.plan(ws, cs, lm.n_ctx_train)
         for note in notes:
             typer.echo(f"adaspark: note: {note}", err=True)
-        with Runtime.open(EngineOptions(model, n_ctx, threads), model=lm) as rt:  # measures only: no arm, no store
+        with Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads), model=lm) as rt:  # measures only: no arm, no store
             n_threads = rt.target.threads
             survey = run_with_progress(rt.target, ws, cs, rounds, disable=no_progress)
 

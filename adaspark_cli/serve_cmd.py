@@ -60,7 +60,7 @@ def serve_stdin(
     arm: str = console.ARM,
     drafter: str = console.DRAFTER,
     block: Optional[int] = console.BLOCK,
-    top_k: int = console.TOP_K,
+    draft_top_k: int = console.DRAFT_TOP_K,
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="A request's reply cap when it sets none."),
     store: Optional[Path] = console.STORE,
     memory_mb: float = console.MEMORY_MB,
@@ -76,7 +76,8 @@ def serve_stdin(
     if sys.stdin is None:
         console.fail("stdin is closed: serve-stdin reads its requests there")
     with reported():
-        rt = Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k, reuse_prefix),
+        rt = Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter, block=block,
+                                            draft_top_k=draft_top_k, reuse_prefix=reuse_prefix),
                           arm=arm, store=store, log=log, memory_mb=memory_mb)
     server = Server(rt, max_tokens)
     signals = _Signals()

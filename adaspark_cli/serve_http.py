@@ -24,7 +24,7 @@ def serve(
     arm: str = console.ARM,
     drafter: str = console.DRAFTER,
     block: Optional[int] = console.BLOCK,
-    top_k: int = console.TOP_K,
+    draft_top_k: int = console.DRAFT_TOP_K,
     store: Optional[Path] = console.STORE,
     memory_mb: float = console.MEMORY_MB,
     log: Optional[Path] = console.LOG,
@@ -58,7 +58,8 @@ def serve(
         limits = http_app.Limits(int(max_body_mb * 2 ** 20), max_connections, header_timeout)
         sock = http_app.listen(host, port, max_connections)
         try:
-            rt = Runtime.open(EngineOptions(model, n_ctx, threads, drafter, block, top_k, reuse_prefix),
+            rt = Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter, block=block,
+                                            draft_top_k=draft_top_k, reuse_prefix=reuse_prefix),
                               arm=arm, store=store, log=log, memory_mb=memory_mb)
         except BaseException:
             sock.close()

@@ -33,17 +33,17 @@ from adaspark_core.store.record import RoundLog
 from adaspark_core.store.store import Store, default_store_path
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineOptions:
     """What the model options of every command name (``--model``, ``--n-ctx``, ``--threads``,
-    ``--drafter``, ``--block``, ``--draft-top-k``)."""
+    ``--drafter``, ``--block``, ``--draft-top-k``), by name only."""
 
     model: str | Path | None = None  # a GGUF file, sim:CURVE, or None for the default model
     n_ctx: int | None = None
     threads: int | None = None
     drafter: str = "none"
     block: int | None = None
-    top_k: int = 8
+    draft_top_k: int = 8  # candidates a model drafter keeps per position (K; not sampling's top-k)
     reuse_prefix: bool = False  # keep the committed KV across requests (serving several in a row)
 
 
@@ -65,7 +65,7 @@ def _drafter(spec: str, model, target, opts: EngineOptions):
         return None
     from adaspark_core.candidates.drafters import make_drafter
 
-    return make_drafter(spec, target, opts.threads, opts.block, opts.top_k)
+    return make_drafter(spec, target, opts.threads, opts.block, opts.draft_top_k)
 
 
 def _check_log(log: Path, rt: "Runtime") -> None:
