@@ -90,25 +90,27 @@ bench-drafters: setup
 # The paper's evaluation (adaspark compare) on the default model over ../shared/testset's
 # evaluation subset, replies capped for a 2-core CPU; results, the figure and one round log per
 # AdaSpark arm (for adaspark replay) land in bench-out/. The learning arms start from a cold store.
+# The benchmark workload, never the tests' excerpt (fixtures/testset).
+BENCH_SETS := ../shared/testset
 BENCH_ARMS := ar,pld:3,pld:10,chain:3,tree:16,cost,adaspark,pinned:4,pinned:8,pinned:16
 bench: setup
-	$(BIN)/adaspark compare --arms $(BENCH_ARMS) --subset eval --max-tokens 96 --out bench-out --logs bench-out/logs
+	$(BIN)/adaspark compare --sets $(BENCH_SETS) --arms $(BENCH_ARMS) --subset eval --max-tokens 96 --out bench-out --logs bench-out/logs
 
 # AdaSpark against llama.cpp's own C++ n-gram speculation (llama-server, `make peer`) and the best
 # fixed arms of the issue's runs, side by side in one run.
 PEER_ARMS := ar,chain:3,pinned:4,adaspark,pld:3,llama:ar,llama:ngram-mod:8:16,llama:ngram-simple
 bench-peer: setup peer
-	$(BIN)/adaspark compare --arms $(PEER_ARMS) --subset eval --max-tokens 96 --out bench-out-peer --logs bench-out-peer/logs
+	$(BIN)/adaspark compare --sets $(BENCH_SETS) --arms $(PEER_ARMS) --subset eval --max-tokens 96 --out bench-out-peer --logs bench-out-peer/logs
 
 # The same after one untimed pass of the learning arms over the workload: a warm store.
 bench-warm: setup
-	$(BIN)/adaspark compare --arms $(BENCH_ARMS) --subset eval --max-tokens 96 --warm 1 --out bench-out-warm --logs bench-out-warm/logs
+	$(BIN)/adaspark compare --sets $(BENCH_SETS) --arms $(BENCH_ARMS) --subset eval --max-tokens 96 --warm 1 --out bench-out-warm --logs bench-out-warm/logs
 
 # For iterating: the first turn of every conversation of the evaluation subset (40 replies per arm),
 # 96-token cap, the arms that decide the issue's question; about 8 minutes on 2 cores. (The `short`
 # subset, 10 replies, ran in under 3 minutes but its ratios did not track `make bench`'s.)
 bench-quick: setup
-	$(BIN)/adaspark compare --arms ar,chain:3,pinned:4,adaspark --subset eval --max-turns 1 --max-tokens 96 --out bench-out-quick --logs bench-out-quick/logs
+	$(BIN)/adaspark compare --sets $(BENCH_SETS) --arms ar,chain:3,pinned:4,adaspark --subset eval --max-turns 1 --max-tokens 96 --out bench-out-quick --logs bench-out-quick/logs
 
 # llama.cpp's own llama-server, built from the llama.cpp that the llama-cpp-python sdist vendors (the
 # commit our engine runs), for the `llama:SPEC` peer arms of `adaspark compare` (adaspark_core/evaluate/peer.py).

@@ -37,7 +37,7 @@ def compare(
     block: Optional[int] = console.BLOCK,
     draft_top_k: int = console.DRAFT_TOP_K,
     arms: str = typer.Option(DEFAULT_ARMS, "--arms", help="Comma-separated: ar, pld:N, chain:N, block-chain, tree:N, cost, adaspark, pinned:N (ar always runs: it is the baseline); llama.cpp's own llama-server (make peer): llama:ar, llama:SPEC or llama:SPEC:N:M, SPEC one of ngram-simple, ngram-map-k, ngram-map-k4v (N: --spec-ngram-*-size-n, the n-gram looked up; M: --spec-ngram-*-size-m, the most draft tokens), ngram-mod (N: --spec-ngram-mod-n-match; M: --spec-ngram-mod-n-max) or ngram-cache (no sizes)."),
-    sets: Optional[List[Path]] = typer.Option(None, "--sets", help="A folder of conversation sets, set files (.json) or prompt files (one turn each); repeat it. Default: ../shared/testset."),
+    sets: Optional[List[Path]] = typer.Option(None, "--sets", help="A folder of conversation sets, set files (.json) or prompt files (one turn each); repeat it. Default: ../shared/testset beside the repository, else its excerpt fixtures/testset."),
     subset: str = typer.Option("eval", "--subset", help="eval (the paper's evaluation subset rule), short (first two turns of each source's first conversation) or all."),
     max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1, help="Keep only the first K turns of every conversation (K=1: first turns only, a quick workload that still spans every conversation)."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Reply cap; capped replies count in the first-N ratio and are left out of the paper's."),
@@ -94,7 +94,7 @@ def compare(
                               {"max_tokens": max_tokens, "subset": subset, "repeat": repeat, "n_ctx": rt.target.n_ctx,
                                "warm": warm, "warm_on": warm_on, "logs": str(logs) if logs is not None else None, "reuse_prefix": reuse_prefix,
                                "memory_mb": memory_mb, "sampling": how.describe() if how else None, "seed": seed if how else None,
-                               "sets": [str(s) for s in sets or []] or ["../shared/testset"]})
+                               "sets": [str(s) for s in sets or []] or [str(testset.default_dir())]})
                 png = out / "ratios.png"
                 skipped = missing()  # matplotlib is an optional extra: without it, a note instead of the figure
                 if skipped or figure(summary, png, title=f"{rt.model.path.name}: decode speed over ar") is None:
@@ -147,7 +147,7 @@ def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int,
 
 
 def load_workload(sets: Optional[List[Path]], which: str, max_turns: Optional[int] = None):
-    """Conversations of the given folders, set files and prompt files (default: ../shared/testset),
+    """Conversations of the given folders, set files and prompt files (default: testset.default_dir()),
     each source cut to the subset, each conversation to its first ``max_turns`` turns."""
     paths = list(sets or [testset.default_dir()])
     convs = []

@@ -33,12 +33,19 @@ from adaspark_core.engine.llama import LlamaModel, LlamaTarget
 from adaspark_core.engine.models import default_model, shipped_default
 from adaspark_core.evaluate.replay import expected_accepted
 from adaspark_core.evaluate.survey import pinned_verify_ms  # chain verify at a fixed context, warm-ups dropped
-from adaspark_core.evaluate.testset import load_sources, user_message
+from adaspark_core.evaluate.testset import load_sources, shared_dir, user_message
 from adaspark_core.learn.chooser import AdaptiveWidth
 from adaspark_core.learn.learned import Learners
 from adaspark_core.store.record import RoundLog
 
 PROMPTS = Path(__file__).resolve().parent.parent / "fixtures" / "prompts"
+
+
+def benchmark_sets() -> Path:
+    """The benchmark workload (../shared/testset), never the tests' excerpt: refused if missing."""
+    if not shared_dir().is_dir():
+        raise SystemExit(f"the benchmark workload {shared_dir()} is missing (fixtures/testset is only the tests' excerpt)")
+    return shared_dir()
 SMOKE_PROMPTS = ["rewrite.txt", "explain.txt", "story.txt"]  # rewrite.txt is the copy-heavy task
 SMOKE_ARMS = ["ar", "chain:4", "tree:8", "tree:16"]
 
@@ -189,7 +196,7 @@ def ngram(
     learners = Learners()
     round_log = RoundLog(log) if log else None
     per: dict[str, dict] = {}
-    convs = load_sources(sources.split())
+    convs = load_sources(sources.split(), benchmark_sets())
     for ci, conv in enumerate(convs):
         hist = {a.name: [] for a in arms}
         acc = per.setdefault(conv.set, {"ratios": [], "all_ratios": [], "capped": 0, "expected": 0.0, "accepted": 0,
@@ -434,7 +441,7 @@ def memory(
 
     rng = random.Random(seed)
     lm = LlamaModel(default_model())
-    convs = load_sources(["specbench", "speedbench", "wildchat", "toolace", "convfinqa", "longbench"])
+    convs = load_sources(["specbench", "speedbench", "wildchat", "toolace", "convfinqa", "longbench"], benchmark_sets())
     texts = [lm.tokenize(t["text"], False) for c in convs for t in c.turns]
     texts = [t for t in texts if len(t) > 8]
     docs, total = [], 0

@@ -7,6 +7,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/fakes.py
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "fixtures" / "prompts"
+TESTSET = ROOT / "fixtures" / "testset"  # the repository's excerpt of the benchmark workload
 # The simulated model (adaspark_core/engine/simlm.py) for command tests where llama.cpp is not the
 # point: the whole CLI, store and log run on it, in a fraction of the real model's load time.
 SIM = "sim:cpu-smollm2-q4_0"

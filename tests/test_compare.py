@@ -4,7 +4,7 @@ tested in test_stats.py."""
 
 import orjson
 import pytest
-from conftest import NEAR_TIE, PROMPTS
+from conftest import NEAR_TIE, PROMPTS, TESTSET
 from test_cli import adaspark, assert_one_error_line
 
 from adaspark_core.evaluate import compare as cmp
@@ -22,7 +22,7 @@ def test_the_papers_subsets():
     assert [c.name for c in cmp.subset(multi, "eval", already_eval=False)] == ["a", "c", "d"]
     single = [conv(x, "chat", 1) for x in "abcde"]
     assert [c.name for c in cmp.subset(single, "eval", already_eval=False)] == ["a", "b", "c"]
-    assert cmp.subset(single, "eval", already_eval=True) == single  # the shared folder is the subset
+    assert cmp.subset(single, "eval", already_eval=True) == single  # a set file that is the subset
     short = cmp.subset(multi, "short", already_eval=True)
     assert [(c.name, len(c.turns)) for c in short] == [("a", 2)]
     assert cmp.subset(multi, "all", already_eval=False) == multi
@@ -305,15 +305,40 @@ def test_compare_bad_input(tmp_path):
     bad.write_text("{}")
     assert_one_error_line(adaspark("compare", "--sets", bad), "not a conversation set")
     assert_one_error_line(adaspark("compare", "--subset", "most"), "unknown subset")
-    assert_one_error_line(adaspark("compare", "--logs", bad, "--subset", "short"), "is a file")
+    assert_one_error_line(adaspark("compare", "--sets", TESTSET, "--logs", bad, "--subset", "short"), "is a file")
 
 
 def test_max_turns_keeps_the_first_turns_of_every_conversation(tmp_path):
     from adaspark_cli.compare_cmd import load_workload
     from adaspark_core.evaluate import testset
 
-    full = load_workload([testset.default_dir()], "eval")
-    first = load_workload([testset.default_dir()], "eval", max_turns=1)
+    full = load_workload([TESTSET], "eval")
+    first = load_workload([TESTSET], "eval", max_turns=1)
     assert [c.name for c in first] == [c.name for c in full]
     assert all(len(c.turns) == 1 and c.turns[0] == f.turns[0] for c, f in zip(first, full))
-    assert sum(len(c.turns) for c in full) > len(first)
+    assert (len(full), sum(len(c.turns) for c in full), len(first)) == (11, 33, 11)
+    assert list(dict.fromkeys(c.set for c in full)) == list(testset.SOURCE_ORDER)
+
+
+def test_a_fresh_clone_defaults_to_its_own_excerpt(monkeypatch, tmp_path):
+    from adaspark_core.evaluate import testset
+
+    monkeypatch.setattr(testset, "shared_dir", lambda: tmp_path / "no-shared-folder")
+    assert testset.default_dir() == TESTSET
+
+
+def test_the_excerpt_is_verbatim_and_its_short_subset_is_the_benchmarks():
+    import hashlib
+
+    from adaspark_cli.compare_cmd import load_workload
+    from adaspark_core.evaluate import testset
+
+    for f in sorted(TESTSET.glob("*.json")):
+        for c in orjson.loads(f.read_bytes())["conversations"]:
+            text = "\n".join(t["text"] for t in c["turns"])
+            assert hashlib.sha256(text.encode()).hexdigest()[:16] == c["sha256"], c["name"]
+    if not testset.shared_dir().is_dir():
+        pytest.skip("no ../shared/testset beside the repository")
+    shared = {c.name: c for c in load_workload([testset.shared_dir()], "all")}
+    assert all(c == shared[c.name] for c in load_workload([TESTSET], "all"))
+    assert load_workload([TESTSET], "short") == load_workload([testset.shared_dir()], "short")

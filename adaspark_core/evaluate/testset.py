@@ -1,5 +1,6 @@
-"""The conversation sets of the paper's Appendix A (``../shared/testset``, DESIGN.md) and any file
-of the same format: ``{"set", "provenance", "subset", "conversations": [...]}``; a conversation
+"""The conversation sets of the paper's Appendix A (the benchmark workload ``../shared/testset``
+beside the repository, or the repository's own excerpt ``fixtures/testset``) and any file of the
+same format: ``{"set", "provenance", "subset", "conversations": [...]}``; a conversation
 has ``name``, ``kind``, ``source`` and ``turns``, a turn ``kind``, ``type`` and ``text`` (and, in
 tool-use sets, ``result``: the recorded tool result returned after the model's reply)."""
 
@@ -24,9 +25,20 @@ def is_eval_subset(path: Path) -> bool:
         return False
 
 
-def default_dir() -> Path:
-    """``../shared/testset`` beside the repository."""
+def shared_dir() -> Path:
+    """``../shared/testset`` beside the repository: the benchmark workload."""
     return Path(__file__).resolve().parents[3] / "shared" / "testset"
+
+
+def fixture_dir() -> Path:
+    """``fixtures/testset``: a verbatim excerpt of it in the repository (its README says which
+    conversations), so a fresh clone tests itself and runs ``compare`` with no folder beside it."""
+    return Path(__file__).resolve().parents[2] / "fixtures" / "testset"
+
+
+def default_dir() -> Path:
+    """The benchmark workload where it is, else the repository's excerpt."""
+    return shared_dir() if shared_dir().is_dir() else fixture_dir()
 
 
 @dataclass(frozen=True, slots=True)
