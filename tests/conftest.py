@@ -1,9 +1,31 @@
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/fakes.py
+
+
+def _private_home() -> None:
+    """Every test process gets its own cache home, so no test reads or writes the user's learned
+    stores (a store another build left in ~/.cache once failed CI: "written by a newer AdaSpark").
+    Only the prepared models are shared, through a link: requantising the default per run costs
+    seconds and the file never changes. Set here, at import, so the commands the tests start inherit it."""
+    from adaspark_core.base.paths import models_dir
+
+    models = models_dir()
+    models.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="adaspark-tests-"))
+    (home / "models").symlink_to(models, target_is_directory=True)
+    os.environ["ADASPARK_HOME"] = str(home)
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+
+
+_private_home()
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "fixtures" / "prompts"
