@@ -11,6 +11,7 @@ import typer
 from adaspark_cli import console
 from adaspark_cli.console import reported
 from adaspark_core.decode.runtime import EngineOptions, Runtime
+from adaspark_core.decode.scheduler import Speculation
 
 
 def decode(
@@ -44,7 +45,7 @@ def decode(
     system = console.utf8(system, "--system") if system is not None else None
     with reported(), Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter,
                                                 block=block, draft_top_k=draft_top_k),
-                                  arm=arm, store=store, log=log, memory_mb=memory_mb) as rt:
+                                  Speculation.of(arm, memory_mb=memory_mb), store=store, log=log) as rt:
         if raw:
             prompt = rt.tokens(text)
         else:

@@ -28,6 +28,7 @@ from adaspark_cli import console
 from adaspark_cli.console import reported
 from adaspark_core.base.errors import InputError
 from adaspark_core.decode.runtime import EngineOptions, Runtime
+from adaspark_core.decode.scheduler import Speculation
 from adaspark_core.serve.service import keep, serve_request
 from adaspark_core.serve.stdin_api import RequestError, parse_request
 from adaspark_core.store.record import LogWriteError
@@ -78,7 +79,7 @@ def serve_stdin(
     with reported():
         rt = Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter, block=block,
                                             draft_top_k=draft_top_k, reuse_prefix=reuse_prefix),
-                          arm=arm, store=store, log=log, memory_mb=memory_mb)
+                          Speculation.of(arm, memory_mb=memory_mb), store=store, log=log)
     server = Server(rt, max_tokens)
     signals = _Signals()
     signals.install()

@@ -15,6 +15,7 @@ import typer
 from adaspark_cli import console
 from adaspark_cli.console import reported
 from adaspark_core.decode.runtime import EngineOptions, Runtime
+from adaspark_core.decode.scheduler import Speculation
 
 
 def serve(
@@ -60,7 +61,7 @@ def serve(
         try:
             rt = Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter, block=block,
                                             draft_top_k=draft_top_k, reuse_prefix=reuse_prefix),
-                              arm=arm, store=store, log=log, memory_mb=memory_mb)
+                              Speculation.of(arm, memory_mb=memory_mb), store=store, log=log)
         except BaseException:
             sock.close()
             raise

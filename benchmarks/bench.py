@@ -434,9 +434,9 @@ def memory(
     (no memory, memory) alternate round by round."""
     import random
 
+    from adaspark_core.base.tree import MAX_CHAIN_DEPTH
     from adaspark_core.candidates import memory as mem
-    from adaspark_core.candidates.ngram import SuffixIndex
-    from adaspark_core.decode.scheduler import MAX_CHAIN_DEPTH, draft
+    from adaspark_core.candidates.ngram import SuffixIndex, fill
     from adaspark_core.store import memory_file
 
     rng = random.Random(seed)
@@ -477,7 +477,8 @@ def memory(
         for tok in reply:
             for arm in (("none", "memory") if done % 2 == 0 else ("memory", "none")):
                 t0 = time.perf_counter()
-                cands = draft(None, index, MAX_CHAIN_DEPTH, 3, memory=memory if arm == "memory" else None)
+                cands = []
+                fill(cands, index, MAX_CHAIN_DEPTH, 3, memory if arm == "memory" else None)
                 times[arm].append((time.perf_counter() - t0) * 1e3)
                 if arm == "memory":
                     found += any(c.kind == "memory" for c in cands)

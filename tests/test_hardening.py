@@ -420,7 +420,7 @@ def test_27_8_a_reply_cut_by_a_stop_string_or_its_client_ends_with_a_marked_roun
     from adaspark_core.serve.service import serve_request
 
     log = tmp_path / "r.jsonl"
-    with Runtime.open(EngineOptions(model=SIM), arm="adaspark", store=tmp_path / "s.json", log=log) as rt:
+    with Runtime.open(EngineOptions(model=SIM), "adaspark", store=tmp_path / "s.json", log=log) as rt:
         prompt = rt.chat([{"role": "user", "content": PROMPT.read_text()}])
         full = serve_request(rt, prompt, 64, name="full")
         assert full.finish == "length" and len(full.text) > 20

@@ -20,7 +20,7 @@ import orjson
 import pytest
 from conftest import ROOT
 
-from adaspark_core.base.checks import NewerVersion
+from adaspark_core.base.checks import NewerVersion, UnknownField
 from adaspark_core.decode.runtime import EngineOptions, Runtime
 from adaspark_core.decode.scheduler import Generation, parse_arm
 from adaspark_core.evaluate.replay import replay
@@ -131,7 +131,7 @@ def live(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("live")
     texts = ["Say something, then say it again, and again.", "again and again and again, then more",
              "A list: one, two, three, one, two, three.", "Say something else, and again."]
-    with Runtime.open(EngineOptions(model=SIM), arm="adaspark", store=tmp / "s.json", log=tmp / "log.jsonl") as rt:
+    with Runtime.open(EngineOptions(model=SIM), "adaspark", store=tmp / "s.json", log=tmp / "log.jsonl") as rt:
         for i, (arm, text) in enumerate(zip(["adaspark", "cost", "pinned:4", "ar", "adaspark"], texts + texts[:1])):
             gen = Generation(rt.target, rt.chat([{"role": "user", "content": text}]), parse_arm(arm), 160,
                              request_id=f"q{i}", log=rt.log, clock=rt.target.clock,
@@ -234,14 +234,62 @@ def test_the_store_says_a_newer_adaspark_wrote_a_newer_section(trained):
         Learners.from_store(Store("s.json", {}, sections=st))
 
 
+# What a cost-model class kept until version 3 of its section (cost._without_reach drops them).
+DROPPED = ("short", "widest_short")
+
+
+def without_dropped(sections):
+    """``sections`` without the cost classes' dropped fields."""
+    out = copy.deepcopy(sections)
+    for k in out["width"]["cost"]["classes"].values():
+        for f in DROPPED:
+            del k[f]
+    return out
+
+
 def test_a_store_written_before_versions_restores_exactly(trained):
     """The checked-in store: the learners it holds are the ones replaying the log gives, and a
-    save writes them back with their versions and nothing else changed."""
+    save writes them back with their versions and without the cost classes' dropped fields,
+    nothing else changed."""
     st, schema = Store.read(FIXTURE_STORE)
     assert schema == 2 and not versions(st.sections)
+    assert all(f in k for k in st.sections["width"]["cost"]["classes"].values() for f in DROPPED)
     restored = Learners.from_store(st)
     assert js(restored.state()) == js(trained.state())
-    assert unversioned(js(restored.state())) == st.sections
+    assert unversioned(js(restored.state())) == without_dropped(st.sections)
+
+
+def keys(x):
+    """Every key of every object in ``x``."""
+    if isinstance(x, dict):
+        return set(x) | {k for v in x.values() for k in keys(v)}
+    if isinstance(x, list):
+        return {k for v in x for k in keys(v)}
+    return set()
+
+
+def test_a_version_2_cost_section_drops_the_short_counts(trained, live):
+    """Version 2 kept, per class, the measuring rounds too narrow for it (``short``) and their
+    widest tree (``widest_short``); no measuring round is narrower than its width, so version 3
+    drops both. An old section restores to the same table, and no state or store written now
+    holds them (a version-3 section that does is refused, not read)."""
+    st = js(trained.policy.cost.state())
+    assert st["version"] == CostModel.VERSION == 3 and not keys(st) & set(DROPPED)
+    old = copy.deepcopy(st)
+    old["version"] = 2
+    for w, k in old["classes"].items():
+        k["short"], k["widest_short"] = 5, int(w) - 1
+    before = copy.deepcopy(old)
+    restored = CostModel.from_state(old)
+    assert old == before  # the upgrade leaves its input alone
+    assert js(restored.state()) == st
+    assert not keys(js(trained.state())) & set(DROPPED)
+    _, _, store = live
+    assert not keys(orjson.loads(store.read_bytes())) & set(DROPPED)
+    newer = copy.deepcopy(st)
+    next(iter(newer["classes"].values()))["short"] = 0
+    with pytest.raises(UnknownField, match=r"cost\.classes\.\d+\.short"):
+        CostModel.from_state(newer)
 
 
 def test_a_schema_1_cost_section_drops_its_level_windows(trained):

@@ -149,7 +149,7 @@ def test_a_served_run_remembers_its_replies_saves_them_beside_the_store_and_repl
     from adaspark_core.serve.service import serve_request
 
     store, log = tmp_path / "store.json", tmp_path / "rounds.jsonl"
-    with Runtime.open(EngineOptions(model=SIM), arm="adaspark", store=store, log=log) as rt:
+    with Runtime.open(EngineOptions(model=SIM), "adaspark", store=store, log=log) as rt:
         prompt = rt.chat([{"role": "user", "content": "Tell me about rivers."}])
         first = serve_request(rt, prompt, 160, "a")
         second = serve_request(rt, prompt, 160, "b")

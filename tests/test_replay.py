@@ -4,13 +4,15 @@ buckets, the guard and exploration all run, with no model."""
 
 import orjson
 import pytest
+from conftest import ROOT
 from fakes import FakeTarget
 
 from adaspark_core.decode.scheduler import Generation, parse_arm
 from adaspark_core.evaluate.replay import ReplayMismatch, replay
 from adaspark_core.learn.learned import Learners
-from adaspark_core.store.record import RoundLog, read_log
+from adaspark_core.store.record import SCHEMA, RoundLog, read_log
 
+FIXTURE_LOG = ROOT / "fixtures" / "logs" / "rounds.jsonl"
 PHRASES = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12], [13, 14, 3, 4, 15, 16], [17, 18, 19, 20, 21, 22]]
 
 
@@ -93,3 +95,31 @@ def test_replay_on_top_of_a_restored_store_state(tmp_path):
         live = serve(log, arms=("adaspark", "pinned:4"), learners=restore())
     replayed, _ = replay(read_log(path), restore())
     assert canonical(replayed.state()) == canonical(live.state())
+
+
+def test_a_log_of_schema_4_with_reach_reads_and_replays_as_it_did(tmp_path):
+    """Up to schema 4 a record said how many rows its sources could have filled (``reach``), for
+    the cost model to move a width no tree filled; no measuring round is narrower than its width,
+    so nothing read it and schema 5 drops it. The same rounds written with it read into the same
+    records and replay into the same learners; what is written now has no such field."""
+    path = tmp_path / "rounds.jsonl"
+    with RoundLog(path) as log:
+        live = serve(log, arms=("adaspark", "ar", "adaspark"))
+    lines = [orjson.loads(x) for x in path.read_bytes().splitlines()]
+    assert all(d["schema"] == SCHEMA == 5 and "reach" not in d for d in lines)
+    assert any(d["measure"] is not None for d in lines)  # cold start: rounds that measured a width
+    old = tmp_path / "old.jsonl"
+    old.write_bytes(b"".join(orjson.dumps({**d, "schema": 4, "reach": 7}) + b"\n" for d in lines))
+    records = list(read_log(old))
+    assert records == list(read_log(path))
+    assert all(orjson.loads(orjson.dumps(r.to_json())) == d for r, d in zip(records, lines))
+    replayed, _ = replay(records)
+    assert canonical(replayed.state()) == canonical(live.state())
+
+
+def test_the_checked_in_log_of_schema_3_reads_without_reach():
+    lines = [orjson.loads(x) for x in FIXTURE_LOG.read_bytes().splitlines()]
+    assert {d["schema"] for d in lines} == {3} and all("reach" in d for d in lines)
+    for rec in read_log(FIXTURE_LOG):
+        d = rec.to_json()
+        assert d["schema"] == SCHEMA and "reach" not in d and not hasattr(rec, "reach")

@@ -30,7 +30,7 @@ def greedy(model, prompt: list[int], n: int) -> list[int]:
 
 
 def decode(arm: str, text: str = PROMPT, max_tokens: int = 120, **kw):
-    with Runtime.open(EngineOptions(model=SIM), arm=arm, **kw) as rt:
+    with Runtime.open(EngineOptions(model=SIM), arm, **kw) as rt:
         prompt = rt.chat([{"role": "user", "content": text}])
         gen = rt.generation(prompt, max_tokens)
         reply = rt.run(gen)
@@ -68,7 +68,7 @@ def test_a_stop_mark_ends_the_reply_with_the_end_token():
 
 def test_a_sim_store_is_keyed_by_the_sims_name(tmp_path):
     path = tmp_path / "s.json"
-    with Runtime.open(EngineOptions(model=SIM), arm="adaspark", store=path) as rt:
+    with Runtime.open(EngineOptions(model=SIM), "adaspark", store=path) as rt:
         rt.save(rounds=0, requests=0)
     st, _ = Store.read(path)
     assert st.fingerprint["model"] == {"sim": "cpu-smollm2-q4_0"}
@@ -79,24 +79,24 @@ def test_unknown_sim_and_a_drafter_on_a_sim_are_one_clear_error():
     with pytest.raises(InputError, match="unknown simulated model"):
         open_model("sim:nope")
     with pytest.raises(InputError, match="takes no drafter"):
-        Runtime.open(EngineOptions(model=SIM, drafter="model:x.gguf"), arm="ar")
+        Runtime.open(EngineOptions(model=SIM, drafter="model:x.gguf"), "ar")
 
 
 def test_a_failed_open_releases_the_store_and_writes_nothing(tmp_path):
     path = tmp_path / "s.json"
     with pytest.raises(InputError):
-        Runtime.open(EngineOptions(model=SIM), arm="adaspark", store=path, log=tmp_path)  # the log is a folder
+        Runtime.open(EngineOptions(model=SIM), "adaspark", store=path, log=tmp_path)  # the log is a folder
     assert not path.exists()
-    with Runtime.open(EngineOptions(model=SIM), arm="adaspark", store=path) as rt:  # not left locked
+    with Runtime.open(EngineOptions(model=SIM), "adaspark", store=path) as rt:  # not left locked
         assert rt.learners is not None
 
 
 def test_closing_does_not_save_and_a_fixed_arm_has_no_store(tmp_path):
     path = tmp_path / "s.json"
-    with Runtime.open(EngineOptions(model=SIM), arm="adaspark", store=path):
+    with Runtime.open(EngineOptions(model=SIM), "adaspark", store=path):
         pass
     assert not path.exists()
-    with Runtime.open(EngineOptions(model=SIM), arm="chain:3", store=path) as rt:
+    with Runtime.open(EngineOptions(model=SIM), "chain:3", store=path) as rt:
         assert rt.store is None and rt.learners is None
         rt.save(rounds=3, requests=1)
     assert not path.exists()

@@ -116,7 +116,6 @@ DAMAGE = [
     ("width.cost.classes.4", Key("999"), "sections.width.cost.classes has the key '999'"),
     ("width.cost.classes.4", Key("0"), "sections.width.cost.classes has the key '0'"),
     ("width.cost.classes.4", Key("04"), "sections.width.cost.classes has the key '04'"),
-    ("width.cost.classes.4.widest_short", 4, None),  # a tree too narrow for width 4 is below 4
     ("width.cost.classes.1.level.8", Key("99"), "sections.width.cost.classes.1.level has the key '99'"),
     (f"{LAW}.bank.8", Key("40"), f"sections.{LAW}.bank has the key '40'"),
     ("width.chooser.bands.8", Key("-1"), "sections.width.chooser.bands has the key '-1'"),

@@ -2,7 +2,7 @@
 round log, opened from options and closed (saved) in one place. ``decode``, ``serve-stdin``,
 ``compare`` and ``profile`` are each a few lines around a Runtime.
 
-    with Runtime.open(EngineOptions(model=...), arm="adaspark", log=path) as rt:
+    with Runtime.open(EngineOptions(model=...), Speculation.of("adaspark"), log=path) as rt:
         gen = rt.generation(rt.chat([{"role": "user", "content": text}]), max_tokens=256)
         text = rt.run(gen, on_text=print)
 
@@ -21,8 +21,8 @@ from typing import Callable
 
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.sampling import Sampling
-from adaspark_core.candidates.memory import DEFAULT_CAP_MB, NgramMemory
-from adaspark_core.decode.scheduler import Arm, Generation, parse_arm
+from adaspark_core.candidates.memory import NgramMemory
+from adaspark_core.decode.scheduler import Arm, Generation, Speculation
 from adaspark_core.engine import simlm
 from adaspark_core.learn.learned import Learners
 from adaspark_core.store.fingerprint import fingerprint, fingerprint_key
@@ -86,23 +86,29 @@ class Runtime:
     releases the store, closes the log, and frees the drafter and the target. Closing does not
     save: a request that failed on bad input leaves no store behind."""
 
-    def __init__(self, model, target, drafter, arm: Arm | None, store: Store | None, learners: Learners | None,
-                 log: RoundLog | None, threads: int | None):
-        self.model, self.target, self.drafter, self.arm = model, target, drafter, arm
+    def __init__(self, model, target, drafter, spec: Speculation | None, store: Store | None,
+                 learners: Learners | None, log: RoundLog | None, threads: int | None):
+        self.model, self.target, self.drafter, self.spec = model, target, drafter, spec
         self.store, self.learners, self.log = store, learners, log
         self.threads = threads
         self.memory: NgramMemory | None = None  # kept beside the store (memory.py)
 
+    @property
+    def arm(self) -> Arm | None:
+        return self.spec.arm if self.spec is not None else None
+
     @classmethod
-    def open(cls, opts: EngineOptions, arm: str | Arm | None = None, store: Path | None = None,
-             log: Path | None = None, model=None, memory_mb: float = DEFAULT_CAP_MB) -> "Runtime":
-        """Everything the options name, opened in the order that finds bad input soonest: the arm,
+    def open(cls, opts: EngineOptions, spec: Speculation | str | Arm | None = None, store: Path | None = None,
+             log: Path | None = None, model=None) -> "Runtime":
+        """Everything the options name, opened in the order that finds bad input soonest: the arm
+        (``spec``: a Speculation, or an arm with every other setting at its default; None: no arm),
         the model (``model`` if already loaded), its target, the drafter, the store (learning arms
         only: it is keyed by the model, the drafter and the machine) with its n-gram memory (arms
-        with n-gram candidates, ``memory_mb`` > 0: its cap), the log. What was opened before an
-        error is closed again."""
-        the_arm = parse_arm(arm) if isinstance(arm, str) else arm
-        rt = cls(None, None, None, the_arm, None, None, None, opts.threads)
+        with n-gram candidates, the spec's ``memory_mb`` > 0: its cap), the log. What was opened
+        before an error is closed again."""
+        spec = Speculation.of(spec) if spec is not None else None
+        the_arm = spec.arm if spec is not None else None
+        rt = cls(None, None, None, spec, None, None, None, opts.threads)
         try:
             rt.model = model if model is not None else open_model(opts.model)
             rt.target = rt.model.target(n_ctx=opts.n_ctx, threads=opts.threads, reuse_prefix=opts.reuse_prefix)
@@ -110,9 +116,9 @@ class Runtime:
             if the_arm is not None and the_arm.learns:
                 fp = fingerprint(rt.model.path, rt.drafter.model.path if rt.drafter is not None else None)
                 rt.store = Store.open(store or default_store_path(fp), fp)
-                rt.learners = Learners.from_store(rt.store)
-                if the_arm.uses_ngram and memory_mb > 0:
-                    rt.memory = load_memory(rt.store.path, fingerprint_key(fp), memory_mb, rt.model.n_vocab)
+                rt.learners = Learners.from_store(rt.store, spec.learners)
+                if the_arm.uses_ngram and spec.memory_mb > 0:
+                    rt.memory = load_memory(rt.store.path, fingerprint_key(fp), spec.memory_mb, rt.model.n_vocab)
             if log is not None:
                 _check_log(log, rt)
                 rt.log = RoundLog(log)
@@ -139,7 +145,7 @@ class Runtime:
         learns into the sampled regime's learners (Learners.regime)."""
         clock = getattr(self.target, "clock", time.perf_counter)
         learners = self.learners.regime(sampling is not None) if self.learners is not None else None
-        return Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id,
+        return Generation(self.target, prompt, self.spec, max_tokens, request_id=request_id,
                           log=self.log, clock=clock, drafter=self.drafter, learners=learners,
                           memory=self.memory, sampling=sampling)
 

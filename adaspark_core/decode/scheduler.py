@@ -27,11 +27,11 @@ from adaspark_core.base.errors import InputError
 from adaspark_core.base.sampling import Sampling, draw
 from adaspark_core.base.tree import Candidate, head_q
 from adaspark_core.candidates.base import PicksOnly, Proposer, propose_round
-from adaspark_core.candidates.memory import NgramMemory
+from adaspark_core.candidates.memory import DEFAULT_CAP_MB, NgramMemory
 from adaspark_core.candidates.ngram import NgramSource
 from adaspark_core.engine.base import Target, Verified
 from adaspark_core.learn.acceptance import HEAD
-from adaspark_core.learn.learned import Learners
+from adaspark_core.learn.learned import LearnerParams, Learners
 from adaspark_core.store.record import RoundLog, RoundRecord, Timing
 
 # Sibling n-gram chains per round where earlier occurrences continue differently. One, not three:
@@ -43,9 +43,6 @@ MAX_ALTS = 1
 
 STOP, LENGTH, CONTEXT = "stop", "length", "context"
 INTERRUPTED = "interrupted"  # ended by its consumer: a stop string's cut, a client gone, a signal
-
-
-ADAPTIVE_MAX_WIDTH = 64  # the widest rung of the cost model's ladder
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +68,7 @@ class Arm:
     @property
     def max_width(self) -> int:
         # block-chain: as many rows as the drafter's block has picks
-        return {"ar": 1, "chain": self.n + 1, "tree": self.n, "pinned": self.n}.get(self.kind, ADAPTIVE_MAX_WIDTH)
+        return {"ar": 1, "chain": self.n + 1, "tree": self.n, "pinned": self.n}.get(self.kind, tree.MAX_WIDTH)
 
     @property
     def adaptive(self) -> bool:
@@ -99,19 +96,38 @@ class Arm:
         return self.kind == "block"
 
     @property
-    def max_alts(self) -> int:
-        """Sibling n-gram chains a round may add: none for a chain arm (its tree is a chain)."""
-        return 0 if self.kind == "chain" else MAX_ALTS
-
-    @property
     def needs_tree(self) -> bool:
         return self.max_width > 2 and self.kind not in ("chain", "block")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Speculation:
+    """How requests speculate: one config carried from the command line through the Runtime to
+    every Generation. The arm (its widths), the sibling n-gram chains a round may add, the n-gram
+    memory's cap (0: none) and the learners' parameters (Table 14's values by default)."""
+
+    arm: Arm
+    sibling_chains: int = MAX_ALTS
+    memory_mb: float = DEFAULT_CAP_MB
+    learners: LearnerParams = field(default_factory=LearnerParams)
+
+    @classmethod
+    def of(cls, arm: "str | Arm | Speculation", **kw) -> "Speculation":
+        """A Speculation from an arm spec (``"chain:3"``) or an Arm, other fields by name."""
+        if isinstance(arm, Speculation):
+            return arm
+        return cls(arm=parse_arm(arm) if isinstance(arm, str) else arm, **kw)
+
+    @property
+    def alternatives(self) -> int:
+        """Sibling n-gram chains a round adds: none for a chain arm (its tree is a chain)."""
+        return 0 if self.arm.kind == "chain" else self.sibling_chains
 
 
 _ARM = re.compile(r"^(?:(ar|cost|adaspark|block-chain)|(chain|tree|pinned):(\d+))$")
 
 
-def parse_arm(spec: str, max_width: int = 64) -> Arm:
+def parse_arm(spec: str, max_width: int = tree.MAX_WIDTH) -> Arm:
     m = _ARM.match(spec.strip())
     if not m:
         raise InputError(f"unknown arm {spec!r}: use ar, chain:N, tree:N, pinned:N, cost, adaspark or block-chain")
@@ -285,7 +301,7 @@ class Generation:
         self,
         target: Target,
         prompt: list[int],
-        arm: Arm,
+        spec: Speculation | Arm,
         max_tokens: int,
         request_id: str = "r0",
         log: RoundLog | None = None,
@@ -296,6 +312,8 @@ class Generation:
         memory: NgramMemory | None = None,
         remember: bool = True,
     ):
+        self.spec = Speculation.of(spec)
+        arm = self.spec.arm
         if sampling is not None and not hasattr(target, "row_logits"):
             raise InputError("this target gives no distribution to sample from: use temperature 0")
         if arm.needs_tree and not target.supports_trees:
@@ -330,12 +348,12 @@ class Generation:
         # (its picks alone for block-chain), then the n-gram fill from the request's own text and
         # the ``memory`` of earlier requests, which gets this reply when it ends (unless not
         # ``remember``: a timing repeat of a reply must not read itself).
-        self.ngram = NgramSource(arm.max_alts, memory, remember) if arm.uses_ngram else None
+        self.ngram = NgramSource(self.spec.alternatives, memory, remember) if arm.uses_ngram else None
         model = PicksOnly(drafter) if drafter is not None and arm.picks_only else drafter
         self.proposers: list[Proposer] = [p for p in (model, self.ngram) if p is not None]
         # The learners persist across requests: pass the same ones to every request.
         if learners is None and arm.learns:
-            learners = Learners()
+            learners = Learners.fresh(self.spec.learners)
         self.learners = learners
         self.tokens: list[int] = []  # the reply, end token excluded
         self.finish: str | None = None

@@ -16,7 +16,7 @@ round, growing with the context. Instead a leaf sequence keeps the prefix it alr
 ``_synced[s]`` is the number of committed positions sequence s carries (always a prefix of
 sequence 0's own cells, never a cell of its own), and a verify only tops it up with the positions
 committed since. The commit removes the leaf sequences from the tree's positions only: 0.55 ms of
-host time at 16 rows (15 leaves) at 1,000 tokens of context (``python -m adaspark_cli.bench host``).
+host time at 16 rows (15 leaves) at 1,000 tokens of context (``make bench-host``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import llama_cpp as L
 import numpy as np
 
 from adaspark_core.base.errors import InputError
-from adaspark_core.base.tree import Layout
+from adaspark_core.base.tree import MAX_WIDTH, Layout
 from adaspark_core.engine.base import Verified
 from adaspark_core.engine.bindings import (
     HIDDEN_STATE_ARCHS,
@@ -214,7 +214,7 @@ class LlamaTarget(FreedWithObject):
         model: LlamaModel,
         n_ctx: int | None = None,
         threads: int | None = None,
-        max_width: int = 64,
+        max_width: int = MAX_WIDTH,
         n_batch: int = 512,
         flash_attn: bool = False,
         reuse_prefix: bool = False,

@@ -210,11 +210,6 @@ class Interference:
         self.noise_mean = noise_mean
         self.rng = _rng("noise", seed)
 
-    @property
-    def mean_factor(self) -> float:
-        """E[1 + eps]: the long-run ratio of observed to true time."""
-        return 1.0 + (1.0 - self.p_clean) * self.noise_mean
-
     def draw(self) -> float:
         """One eps >= 0. Always consumes two draws so the stream does not depend on outcomes."""
         u, e = self.rng.random(), self.rng.expovariate(1.0)
@@ -487,7 +482,7 @@ def expected_tokens(params: DraftParams, width: int) -> float:
 
 def rows_verified(params: DraftParams, width: int) -> int:
     """Rows a pinned width actually verifies: every candidate when the block has fewer than
-    width - 1 (scheduler.Arm.choose), e.g. 57 for a 64-row pin with B = 7, K = 8."""
+    width - 1 (scheduler.RoundDecision.chosen), e.g. 57 for a 64-row pin with B = 7, K = 8."""
     return min(width, 1 + len(tree_shape(params, width - 1)))
 
 

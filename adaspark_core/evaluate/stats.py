@@ -204,13 +204,6 @@ def ratio_rows(replies: list[dict], arm: str, base: str) -> dict:
     return {"rows": rows, "capped": capped, "null": null, "unpaired": unpaired, "paired": len(pairs)}
 
 
-def geomean(values: Iterable[float]) -> Optional[float]:
-    v = np.asarray(list(values), dtype=float)
-    if v.size == 0:
-        return None
-    return float(np.exp(np.mean(np.log(v))))
-
-
 def bootstrap_geomean(conversations: list, log_ratios: list[float], resamples: int = 2000,
                       seed: int = 0) -> tuple[Optional[float], Optional[float]]:
     """95% percentile interval of the pooled geometric mean, resampling whole conversations

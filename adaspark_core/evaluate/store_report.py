@@ -98,8 +98,6 @@ def cost_summary(cost: CostModel, contexts: Iterable[int] = CONTEXTS, fit_points
             "rows": [below + 1, w],  # the widths this class stands for, priced at its top
             "count": k.count,
             "measured": k.count >= cost.p.measurements,
-            "short": k.short,
-            "widest_short": k.widest_short,
             "d_ref_ms": k.d_ref,
             "law": {
                 "samples": law.samples,

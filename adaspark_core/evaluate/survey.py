@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 
 from adaspark_core.base import tree
 from adaspark_core.base.errors import InputError
-from adaspark_core.base.tree import ANCHOR, NGRAM
+from adaspark_core.base.tree import ANCHOR, MAX_WIDTH, NGRAM
 from adaspark_core.store import fingerprint
 
 # Table 1's contexts and Figure 3's widths (1 row added: plain decoding is a width on a CPU).
@@ -28,7 +28,6 @@ DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXTS = (443, 1596, 8444)
 WARMUP = 2  # verifies dropped at the start of every (cell, pass): caches, allocator, frequency ramp
 PASSES = 2
-MAX_WIDTH = 64  # LlamaTarget's default max_width
 
 # Filler for the KV cache: attention cost does not depend on which tokens are cached, so any
 # text does; real text keeps the tokens valid for any vocabulary.

@@ -33,8 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from adaspark_core.base.checks import VERSION_FIELD, count, int_key, mapping, section
-from adaspark_core.base.tree import ANCHOR, MAX_CHAIN_DEPTH, products
-from adaspark_core.learn.cost import MAX_BAND, MAX_WIDTH, CostModel, CostParams, band_of
+from adaspark_core.base.tree import ANCHOR, MAX_CHAIN_DEPTH, MAX_WIDTH, products
+from adaspark_core.learn.cost import MAX_BAND, CostModel, CostParams, band_of
 from adaspark_core.learn.online import Decayed
 
 

@@ -29,12 +29,12 @@ from adaspark_core.base.checks import (
     section,
     version,
 )
+from adaspark_core.base.tree import MAX_WIDTH
 from adaspark_core.learn.online import FTRL
 
-LADDER = (1, 2, 4, 8, 16, 32, 64)  # the paper's ladder plus width 1 (plain decoding on a CPU)
-# The widest width the table can hold: a split falls between two widths and a width the sources
-# cannot fill moves below itself (CostModel.split, _short), so no width exceeds the ladder's top.
-MAX_WIDTH = max(LADDER)
+LADDER = (1, 2, 4, 8, 16, 32, MAX_WIDTH)  # the paper's ladder plus width 1 (plain decoding on a CPU)
+# The ladder's top is the widest width the table can hold: a split falls between two widths
+# (CostModel.split), so no width exceeds it.
 # A context is a token count in a llama.cpp context, whose size is a uint32_t; its band
 # (band_of: its bit length) is then at most 32.
 MAX_CONTEXT = 2**32 - 1
@@ -205,7 +205,6 @@ class CostParams:
     level_clamp: tuple[float, float] = (0.5, 2.0)
     max_widths: int = 24
     steep: float = 0.25  # a class whose top costs this much over its bottom splits next to the held width
-    reach_attempts: int = 64  # measuring rounds too narrow for a width before the table learns its reach
     d_clock_min_ms: float = 1.0  # below this D is host noise, not a clock (no model drafter on a CPU)
     d_clock_clamp: tuple[float, float] = (0.5, 2.0)
     law: LawParams = field(default_factory=LawParams)
@@ -227,8 +226,6 @@ class WidthClass:
         self.level: dict[int, deque[float]] = {}
         self.level_window = p.level_window
         self.d_ref = 0.0  # D when last measured
-        self.short = 0  # measuring rounds whose tree came out narrower than this width
-        self.widest_short = 0
 
 
 def _levels_per_band(st: dict) -> dict:
@@ -243,8 +240,21 @@ def _levels_per_band(st: dict) -> dict:
                               for w, k in classes.items()}}
 
 
+def _without_reach(st: dict) -> dict:
+    """2 -> 3: a class no longer counts the measuring rounds too narrow for it (``short``) nor
+    keeps the widest of their trees (``widest_short``): a width is measured only in a round whose
+    candidates fill it (chooser.AdaptiveWidth._worth_measuring), so no measured round is narrower
+    than its width and the table never moves a width to the sources' reach. Both are dropped
+    (absent ones too: a section of the current layout written without versions is version 1)."""
+    classes = st.get("classes")
+    if not isinstance(classes, dict):
+        return st  # damaged: from_state names the field
+    return {**st, "classes": {w: {f: v for f, v in k.items() if f not in ("short", "widest_short")}
+                              if isinstance(k, dict) else k for w, k in classes.items()}}
+
+
 # Append-only: UPGRADES[i] turns a section of version i+1 into one of version i+2. Never edit an entry.
-UPGRADES = [_levels_per_band]
+UPGRADES = [_levels_per_band, _without_reach]
 
 
 def upgrade_state(st: dict, path: str = "cost") -> dict:
@@ -319,11 +329,10 @@ class CostModel:
 
     def learn(self, rec) -> None:
         """Fold one round into the table. A request's first round is not learned from: it runs
-        cold. Only a verify of exactly a table width measures that class."""
+        cold. Only a verify of exactly a table width measures that class (a measuring round
+        verifies the width it measures: the policy measures a width only in a round whose
+        candidates fill it)."""
         self.rounds += 1
-        measured_for = rec.measure
-        if measured_for is not None and rec.width < measured_for:
-            self._short(measured_for, rec, at_once=0 < rec.reach < measured_for)
         if rec.first:
             return
         self.d_recent.append(rec.times.draft)
@@ -339,26 +348,6 @@ class CostModel:
         if rec.last:
             for k in self.classes.values():
                 k.law.refit()
-
-    def _short(self, w: int, rec, at_once: bool) -> None:
-        """A measuring round whose tree was narrower than the width it measures. If the round's
-        sources could not fill that width at all (``rec.reach``), the table learns its reach at
-        once: the width moves to the reach (paper 3.2). Sources whose trees vary (n-gram chains)
-        may fill it on another round, so only after ``reach_attempts`` short rounds does the width
-        move to the widest tree seen meanwhile. A moved width that is not new and wider than the
-        width below it is dropped."""
-        k = self.classes.get(w)
-        if k is None:
-            return
-        k.short += 1
-        k.widest_short = max(k.widest_short, rec.width)
-        if not at_once and k.short < self.p.reach_attempts:
-            return
-        del self.classes[w]
-        below = max((x for x in self.classes if x < w), default=0)
-        reach = rec.reach if at_once else k.widest_short
-        if reach > below and reach not in self.classes:
-            self.classes[reach] = WidthClass(reach, self.p)
 
     def split(self, held: int, c: int, passes) -> int | None:
         """Split the class nearest the held width for which ``passes(a, b)`` says a width inside
@@ -394,8 +383,8 @@ class CostModel:
             VERSION_FIELD: self.VERSION,
             "rounds": self.rounds,
             "d_recent": list(self.d_recent),
-            "classes": {str(w): {"count": k.count, "d_ref": k.d_ref, "short": k.short, "level": {str(b): list(v) for b, v in k.level.items()},
-                                 "widest_short": k.widest_short, "law": k.law.state()}
+            "classes": {str(w): {"count": k.count, "d_ref": k.d_ref,
+                                 "level": {str(b): list(v) for b, v in k.level.items()}, "law": k.law.state()}
                         for w, k in self.classes.items()},
         }
 
@@ -403,10 +392,9 @@ class CostModel:
     def from_state(cls, st: dict, params: CostParams | None = None, path: str = "cost") -> "CostModel":
         """Restore a ``state()``, checked (checks.py). D times are draft times in ms, >= 0 (with
         no model drafter D is host time and can round to 0), at most the 8 the window keeps. A
-        class's width is in 1 .. the ladder's top (see ``MAX_WIDTH``); its ``widest_short`` is the
-        widest tree of a round too narrow for it, so below it (it becomes a width in _short). A
-        level window holds 1 to ``level_window`` ratios of a positive time over a positive law.
-        An older section is upgraded first (``upgrade_state``)."""
+        class's width is in 1 .. the ladder's top (see ``MAX_WIDTH``). A level window holds 1 to
+        ``level_window`` ratios of a positive time over a positive law. An older section is
+        upgraded first (``upgrade_state``)."""
         m = cls(params)
         st = upgrade_state(st, path)
         section(st, path, cls.VERSION, ("rounds", "d_recent", "classes"))
@@ -417,10 +405,9 @@ class CostModel:
         for w, ks in mapping(st["classes"], f"{path}.classes").items():
             at = f"{path}.classes.{w}"
             k = WidthClass(int_key(w, f"{path}.classes", 1, top), m.p)
-            fields(ks, at, ("count", "d_ref", "short", "level", "widest_short", "law"))
-            k.count, k.short = count(ks["count"], f"{at}.count"), count(ks["short"], f"{at}.short")
+            fields(ks, at, ("count", "d_ref", "level", "law"))
+            k.count = count(ks["count"], f"{at}.count")
             k.d_ref = number(ks["d_ref"], f"{at}.d_ref", 0.0)
-            k.widest_short = count(ks["widest_short"], f"{at}.widest_short", 0, k.top - 1)
             k.level = {int_key(b, f"{at}.level", 0, MAX_BAND):
                        deque(numbers(v, f"{at}.level.{b}", 0.0, positive=True, min_len=1, max_len=m.p.level_window),
                              maxlen=m.p.level_window)

@@ -48,6 +48,12 @@ class Learners:
     acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
     sampled: Learners | None = None
 
+    @classmethod
+    def fresh(cls, params: LearnerParams | None = None) -> "Learners":
+        """Learners that know nothing yet, with ``params`` (Table 14's values by default)."""
+        p = params or LearnerParams()
+        return cls(AdaptiveWidth(CostModel(p.width.cost), Chooser(p.width.chooser)), AcceptanceModel(p.acceptance))
+
     def regime(self, sampled: bool) -> "Learners":
         """The learners a request decodes and learns with: these for a greedy one; for a sampled
         one the sampled regime's, made at the first sampled request as a copy of these (its cost
@@ -84,18 +90,19 @@ class Learners:
         where it is absent. Another section is not the learners' to check: the store keeps it as
         it is."""
         p = params or LearnerParams()
+        fresh = cls.fresh(p)
         width, accept = mapping(st, path).get(WIDTH_SECTION), st.get(ACCEPTANCE_SECTION)
         sampled = st.get(SAMPLED_SECTION)
         if sampled is not None and SAMPLED_SECTION in mapping(sampled, f"{path}.{SAMPLED_SECTION}"):
             raise ValueError(f"{path}.{SAMPLED_SECTION}: a regime has no regime of its own")
         return cls(AdaptiveWidth.from_state(width, p.width, f"{path}.{WIDTH_SECTION}") if width is not None
-                   else AdaptiveWidth(CostModel(p.width.cost), Chooser(p.width.chooser)),
+                   else fresh.policy,
                    AcceptanceModel.from_state(accept, p.acceptance, f"{path}.{ACCEPTANCE_SECTION}") if accept is not None
-                   else AcceptanceModel(p.acceptance),
+                   else fresh.acceptance,
                    cls.from_state(sampled, params, f"{path}.{SAMPLED_SECTION}") if sampled is not None else None)
 
     @classmethod
-    def from_store(cls, store, hint: str = HINT) -> "Learners":
+    def from_store(cls, store, params: LearnerParams | None = None, hint: str = HINT) -> "Learners":
         """The learners restored from ``store``'s sections (``from_state``).
 
         Every field of both sections is checked first, so a damaged section is a StoreError
@@ -103,7 +110,7 @@ class Learners:
         version does not know is refused too: restoring without it would drop it from the file at
         the next save; so is a section of a newer version, whose fields may mean something else."""
         try:
-            return cls.from_state(store.sections)
+            return cls.from_state(store.sections, params)
         except NewerVersion as e:
             raise StoreError(f"the store {store.path} was written by a newer AdaSpark ({e}); {hint}") from None
         except UnknownField as e:

@@ -19,7 +19,7 @@ from adaspark_core.base.errors import OutputError
 from adaspark_core.base.files import open_log
 from adaspark_core.base.schema import apply_upgrades
 
-SCHEMA = 4
+SCHEMA = 5
 
 # Append-only: UPGRADES[i] maps a dict of schema i+1 to schema i+2. Never edit an entry.
 UPGRADES: list[Callable[[dict], dict]] = [
@@ -29,6 +29,9 @@ UPGRADES: list[Callable[[dict], dict]] = [
     lambda d: {**d, "times": {**d["times"], "learn": 0.0, "start": None}},
     # 3 -> 4: sampled rounds are logged, with their request's sampler settings and seed.
     lambda d: {**d, "sampling": None},
+    # 4 -> 5: no ``reach`` (the most rows the round's sources could fill): no learner reads it (a
+    # measuring round verifies the width it measures, so the cost model never moves a width to it).
+    lambda d: {k: v for k, v in d.items() if k != "reach"},
 ]
 
 
@@ -74,7 +77,6 @@ class RoundRecord:
     emitted: list[int]  # tokens this round added to the reply (after stop truncation)
     times: Timing
     measure: int | None = None  # the width a cold-start round measures (adaptive arms)
-    reach: int = 0  # the most rows this round's candidate sources could have filled
     p_src: float | None = None  # the n-gram source's top-1 precision on the committed text
     priced: str | None = None  # which acceptance estimate priced the candidates: fitted or head
     explored: bool = False  # the last row went to an exploring n-gram node (logs before hindsight labels)
