@@ -364,18 +364,29 @@ class Generation:
         self._closed = False
 
     def __iter__(self) -> Iterator[list[int]]:
+        """Round by round, each verified alone: propose and decide (``next_plan``), verify, and
+        accept, commit and record (``finish_round``). A batch of requests (decode/batch.py)
+        plans each, verifies them together and finishes each."""
         self.begin()
-        rnd = 0
         try:
             while self.finish is None:
-                # A round never commits past the context (see the depth limit in plan), and the
-                # prompt leaves room for one token, so room() >= 1 here.
-                emitted = self._round(rnd, self.target.room())
-                rnd += 1
-                self.stats.delta(len(emitted), self.clock())
-                yield emitted
+                plan = self.next_plan()
+                yield self.finish_round(plan, self.target.verify(plan.layout))
         finally:
             self.close()
+
+    def next_plan(self) -> RoundPlan:
+        """The next round up to its verify: ``plan`` at its number with the room left. (A round
+        never commits past the context, see the depth limit in plan, and the prompt leaves room
+        for one token, so room() >= 1 here.)"""
+        return self.plan(self.stats.rounds, self.target.room())
+
+    def finish_round(self, plan: RoundPlan, ver: Verified) -> list[int]:
+        """The round after its verify (``complete``), stamped on the clock as a delta of the
+        reply (Stats.delta). Returns the tokens it emitted."""
+        emitted = self.complete(plan, ver)
+        self.stats.delta(len(emitted), self.clock())
+        return emitted
 
     def begin(self) -> None:
         """The request starts: its prompt into the target, every proposer and the learners."""
@@ -411,14 +422,7 @@ class Generation:
     def last_width(self) -> int:
         return self.last_record.width if self.last_record else 0
 
-    def _round(self, rnd: int, room: int) -> list[int]:
-        """One round of Algorithm 1: propose and decide (``plan``), verify, and accept, commit and
-        record (``complete``). A batch of requests would plan each, verify them together, and
-        complete each."""
-        plan = self.plan(rnd, room)
-        return self.complete(plan, self.target.verify(plan.layout))
-
-    def _settle(self) -> None:
+    def settle(self) -> None:
         """The previous round learns and is logged: after its tokens went out, before this round
         decides; held until now so that, if it was the last, its record can say so."""
         if self._unsettled is not None:
@@ -428,8 +432,8 @@ class Generation:
     def plan(self, rnd: int, room: int) -> RoundPlan:
         """Propose (every source, in order) and decide (price, order, width): the tree to verify.
         ``room``: how many more tokens the context takes after the anchor. The previous round
-        learns first (``_settle``)."""
-        self._settle()
+        learns first (``settle``)."""
+        self.settle()
         target, arm = self.target, self.arm
         t0 = self.clock()
         if rnd == 0:
@@ -439,7 +443,7 @@ class Generation:
         cand_dicts = [c.to_dict() for c in cands]
         p_src = self.ngram.p_src if self.ngram is not None else None
         # Cells: the committed prefix plus the verify's rows must fit the context.
-        max_rows = max(1, min(arm.max_width, target.n_ctx - target.n_past))
+        max_rows = max(1, min(arm.max_width, getattr(target, "max_width", tree.MAX_WIDTH), target.n_ctx - target.n_past))
         decision = decide_round(cand_dicts, context, p_src, arm, max_rows, self.learners)
         layout = tree.layout(target.anchor, cands, decision.chosen)  # rows depth first
         return RoundPlan(rnd, t0, self.clock(), target.anchor, context, cands, cand_dicts, p_src, decision, layout)

@@ -44,5 +44,7 @@ class Target(Protocol):
         """Keep the anchor and ``keep_rows`` (a path from it) in the KV cache, drop every other
         row, and make ``next_anchor`` the new anchor. Returns the milliseconds it took."""
 
+    # A target whose verifies hold fewer rows than MAX_WIDTH (a slot of a LlamaBatch, which
+    # shares llama.cpp's sequences among its slots) says so in ``max_width``.
     # A target that can serve sampled requests also has ``row_logits()``: the last verify's
     # logits, one row per verified row (engine/llama.py).

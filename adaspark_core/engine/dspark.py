@@ -51,7 +51,7 @@ class DSparkContext(FreedWithObject):
         threads = thread_count(threads)
         cp = L.llama_context_default_params()
         cp.n_ctx = target.n_ctx
-        cp.n_batch = cp.n_ubatch = max(target._cap, self.block_size)  # a prefill chunk of rows at once
+        cp.n_batch = cp.n_ubatch = max(target.batch_rows, self.block_size)  # a prefill chunk of rows at once
         cp.n_seq_max = 1
         cp.n_outputs_max = self.block_size
         cp.n_threads = cp.n_threads_batch = threads

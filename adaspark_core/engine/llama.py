@@ -202,11 +202,74 @@ class LlamaModel:
         return self._piece_buf.raw[: max(n, 0)]
 
 
-class LlamaTarget(FreedWithObject):
-    """A target for tree verification on one llama.cpp context.
+class _Context(FreedWithObject):
+    """One llama.cpp context with a unified KV cache and its batch buffers: the slots verifying on
+    it (LlamaTarget) share it, each on a range of sequence ids of its own, so one llama_decode can
+    hold every slot's rows (LlamaBatch.verify)."""
 
-    State between rounds: sequence 0 holds the committed tokens except the last one, the anchor,
-    which is not yet in the KV cache; it is row 0 of the next verify, at position ``self.n_past``.
+    def __init__(self, model: LlamaModel, n_cells: int, n_seq: int, rows: int, outputs: int, threads: int,
+                 flash_attn: bool, max_width: int):
+        cp = L.llama_context_default_params()
+        cp.n_ctx = n_cells
+        cp.n_batch = rows
+        cp.n_ubatch = rows  # a verify never splits into ubatches
+        cp.n_seq_max = n_seq
+        # Logits buffer for a step's verify rows (``outputs``), not a prefill's; llama.cpp
+        # reserves at least one output per sequence, so it must also cover n_seq.
+        cp.n_outputs_max = max(outputs, n_seq)
+        cp.n_threads = threads
+        cp.n_threads_batch = threads
+        cp.kv_unified = True
+        cp.swa_full = True
+        cp.no_perf = True
+        cp.flash_attn_type = 1 if flash_attn else 0  # see FLASH_ATTN_NOTE
+        if model.recurrent:
+            cp.n_rs_seq = max_width  # recurrent-state snapshots to roll back a rejected chain tail
+        self.ctx = L.llama_init_from_model(model.ptr, cp)
+        if not self.ctx:
+            raise InputError(f"llama.cpp could not create a context of {n_cells} tokens for {model.path.name}")
+        self.mem = L.llama_get_memory(self.ctx)
+        self.n_vocab = model.n_vocab
+        self.n_seq = n_seq
+        self.cap = rows
+        self.batch = L.llama_batch_init(rows, 0, n_seq)
+        b = self.batch
+        self.tok = np.ctypeslib.as_array(b.token, (rows,))
+        self.pos = np.ctypeslib.as_array(b.pos, (rows,))
+        self.nseq = np.ctypeslib.as_array(b.n_seq_id, (rows,))
+        self.out = np.ctypeslib.as_array(b.logits, (rows,))
+        self.seq = [np.ctypeslib.as_array(b.seq_id[i], (n_seq,)) for i in range(rows)]
+        self.seq_ids = np.arange(n_seq, dtype=np.int32)
+        self._logits_type = ctypes.c_float * (cp.n_outputs_max * self.n_vocab)
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            L.llama_batch_free(self.batch)
+            L.llama_free(self.ctx)
+            self.ctx = None
+
+    def decode(self, n: int, where: str) -> None:
+        self.batch.n_tokens = n
+        rc = L.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc} (batch of {n} rows {where})")
+
+    def logits(self, rows: int) -> np.ndarray:
+        """A view of the first ``rows`` output rows of the logits buffer. (np.frombuffer on a
+        cached ctypes array type: np.ctypeslib.as_array builds a new type per call.)"""
+        addr = ctypes.cast(L.llama_get_logits(self.ctx), ctypes.c_void_p).value
+        flat = np.frombuffer(self._logits_type.from_address(addr), dtype=np.float32)
+        return flat[: rows * self.n_vocab].reshape(rows, self.n_vocab)
+
+
+class LlamaTarget(FreedWithObject):
+    """A target for tree verification: one request's slot of a llama.cpp context.
+
+    State between rounds: the slot's first sequence (``seq0``, sequence 0 on a context of its own)
+    holds the committed tokens except the last one, the anchor, which is not yet in the KV cache;
+    it is row 0 of the next verify, at position ``self.n_past``. The slot's other sequences are its
+    tree's leaves. Made alone (``LlamaModel.target``) it owns its context; made by ``LlamaBatch``
+    it is one of several slots on a shared one, each with ``n_ctx`` positions of its own.
     """
 
     def __init__(
@@ -218,61 +281,39 @@ class LlamaTarget(FreedWithObject):
         n_batch: int = 512,
         flash_attn: bool = False,
         reuse_prefix: bool = False,
+        *,
+        shared: tuple[_Context, int, int] | None = None,
     ):
         self.model = model
         # Keep the committed KV across requests and prefill only what follows the longest common
         # token prefix (``start``). Off where nothing follows a request on this target.
         self.reuse_prefix = reuse_prefix
         self.n_vocab = model.n_vocab
-        self.n_ctx = int(n_ctx or min(model.n_ctx_train or 4096, 8192))
-        if self.n_ctx > UINT32_MAX:
-            # llama.cpp's n_ctx is a uint32_t: ctypes would cut the value to its low 32 bits (2^32 +
-            # 16 became 16, and llama.cpp aborted the process), so refuse it before it gets there.
-            raise InputError(f"a context of {self.n_ctx} tokens is more than llama.cpp can hold (at most {UINT32_MAX})")
-        self.max_width = max_width
+        self.n_ctx = _context_size(model, n_ctx)
         self.supports_trees = not model.recurrent
-        threads = thread_count(threads)
-        self.threads = threads
-        # Sequence 0 plus one per leaf; a tree of max_width rows has at most max_width-1 leaves.
-        self.n_seq = 1 if model.recurrent else min(max_width, MAX_SEQ)
-        cp = L.llama_context_default_params()
-        cp.n_ctx = self.n_ctx
-        cp.n_batch = max(n_batch, max_width)
-        cp.n_ubatch = cp.n_batch  # a verify never splits into ubatches
-        cp.n_seq_max = self.n_seq
-        # Logits buffer for a verify's rows, not a prefill's; llama.cpp reserves at least one
-        # output per sequence, so it must also cover n_seq.
-        cp.n_outputs_max = max(max_width, self.n_seq)
-        cp.n_threads = threads
-        cp.n_threads_batch = threads
-        cp.kv_unified = True
-        cp.swa_full = True
-        cp.no_perf = True
-        cp.flash_attn_type = 1 if flash_attn else 0  # see FLASH_ATTN_NOTE
-        if model.recurrent:
-            cp.n_rs_seq = max_width  # recurrent-state snapshots to roll back a rejected chain tail
-        self.ctx = L.llama_init_from_model(model.ptr, cp)
-        if not self.ctx:
-            raise InputError(f"llama.cpp could not create a context of {self.n_ctx} tokens for {model.path.name}")
+        self.threads = thread_count(threads)
+        if shared is None:
+            # Sequence 0 plus one per leaf; a tree of max_width rows has at most max_width-1 leaves.
+            n_seq = 1 if model.recurrent else min(max_width, MAX_SEQ)
+            self._c = _Context(model, self.n_ctx, n_seq, max(n_batch, max_width), max_width, self.threads,
+                               flash_attn, max_width)
+            self._owner, self.seq0 = True, 0
+        else:
+            self._c, self.seq0, n_seq = shared
+            self._owner = False
+        self.n_seq = n_seq
+        # A tree needs a leaf sequence per leaf; a chain (or a recurrent model) only the first.
+        self.max_width = max_width if model.recurrent else min(max_width, n_seq)
+        self.ctx, self.mem = self._c.ctx, self._c.mem
         # A recurrent state cannot drop a rejected tail unless llama.cpp keeps snapshots to roll
         # back to; without them only one row per round is exact.
         self.supports_chains = not model.recurrent or L.llama_n_rs_seq(self.ctx) > 0
-        self.mem = L.llama_get_memory(self.ctx)
-        self._cap = cp.n_batch
-        self.batch = L.llama_batch_init(self._cap, 0, self.n_seq)
-        b = self.batch
-        self._tok = np.ctypeslib.as_array(b.token, (self._cap,))
-        self._pos = np.ctypeslib.as_array(b.pos, (self._cap,))
-        self._nseq = np.ctypeslib.as_array(b.n_seq_id, (self._cap,))
-        self._out = np.ctypeslib.as_array(b.logits, (self._cap,))
-        self._seq = [np.ctypeslib.as_array(b.seq_id[i], (self.n_seq,)) for i in range(self._cap)]
-        self._seq_ids = np.arange(self.n_seq, dtype=np.int32)
-        self._logits_type = ctypes.c_float * (cp.n_outputs_max * self.n_vocab)
-        self.n_past = 0  # cells of sequence 0 = position of the anchor
+        self.n_past = 0  # cells of the slot's first sequence = position of the anchor
         self.anchor: int | None = None
         self._synced = [0] * self.n_seq  # committed positions each leaf sequence carries
-        self._kv: list[int] = []  # the tokens at positions 0..n_past-1 of sequence 0
+        self._kv: list[int] = []  # the tokens at positions 0..n_past-1 of the first sequence
         self.reused = 0  # prompt tokens the last start took from the cache instead of prefilling
+        self._row0 = 0  # where the last verify's rows start in the shared batch
         self._last_rows = 0
         # Hidden-state capture for a DSpark drafter (capture_hidden): the target layers whose
         # inputs are kept, the last verify's rows, and the committed rows not yet taken.
@@ -281,10 +322,14 @@ class LlamaTarget(FreedWithObject):
         self._hidden_pending: list[tuple[int, np.ndarray]] = []
 
     def close(self) -> None:
-        if getattr(self, "ctx", None):
-            L.llama_batch_free(self.batch)
-            L.llama_free(self.ctx)
-            self.ctx = None
+        if self._owner:
+            self._c.close()
+        self.ctx = None
+
+    @property
+    def batch_rows(self) -> int:
+        """Rows one llama_decode of this context takes (a prefill goes in chunks of this many)."""
+        return self._c.cap
 
     # --- delegation to the model ---------------------------------------------------------------
 
@@ -311,9 +356,10 @@ class LlamaTarget(FreedWithObject):
         Kept cells were computed by verifies and prefills of other shapes, so a greedy reply can
         differ from a fresh prefill's at near ties (paper 3.5), never elsewhere. Not on a recurrent
         model (its state cannot be cut back to a prefix) nor with a DSpark drafter reading the
-        prefill's hidden states (it needs them all); there the cache is cleared."""
+        prefill's hidden states (it needs them all); there the slot's cells are cleared."""
         if not 0 < len(tokens) < self.n_ctx:
             raise ValueError(f"cannot start with {len(tokens)} tokens in a context of {self.n_ctx}")
+        c, s0 = self._c, self.seq0
         body = tokens[:-1]
         keep = 0
         if self.reuse_prefix and not self.model.recurrent and not self._hidden_ids:
@@ -322,102 +368,97 @@ class LlamaTarget(FreedWithObject):
                     break
                 keep += 1
         if keep:
-            L.llama_memory_seq_rm(self.mem, 0, keep, -1)
-            for s in range(1, self.n_seq):  # a leaf sequence holds a prefix of sequence 0's cells
+            L.llama_memory_seq_rm(self.mem, s0, keep, -1)
+            for s in range(1, self.n_seq):  # a leaf sequence holds a prefix of the first one's cells
                 if self._synced[s] > keep:
-                    L.llama_memory_seq_rm(self.mem, s, keep, -1)
+                    L.llama_memory_seq_rm(self.mem, s0 + s, keep, -1)
                     self._synced[s] = keep
-        else:
+        elif self._owner:
             L.llama_memory_clear(self.mem, True)
+            self._synced = [0] * self.n_seq
+        else:  # the other slots' cells stay
+            for s in range(self.n_seq):
+                L.llama_memory_seq_rm(self.mem, s0 + s, -1, -1)
             self._synced = [0] * self.n_seq
         self.n_past = self.reused = keep
         self._kv = body[:keep]
         self._hidden_pending = []
         body = body[keep:]
-        for i in range(0, len(body), self._cap):
-            chunk = body[i : i + self._cap]
+        for i in range(0, len(body), c.cap):
+            chunk = body[i : i + c.cap]
             n = len(chunk)
-            self._tok[:n] = chunk
-            self._pos[:n] = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
-            self._nseq[:n] = 1
+            c.tok[:n] = chunk
+            c.pos[:n] = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
+            c.nseq[:n] = 1
             for r in range(n):
-                self._seq[r][0] = 0
-            self._out[:n] = 0
-            self.batch.n_tokens = n
-            self._decode()
+                c.seq[r][0] = s0
+            c.out[:n] = 0
+            c.decode(n, f"at position {self.n_past}")
             if self._hidden_ids:
                 self._hidden_pending.append((self.n_past, self._read_hidden(n)))
             self.n_past += n
         self._kv += body
         self.anchor = tokens[-1]
 
-    def _decode(self) -> None:
-        rc = L.llama_decode(self.ctx, self.batch)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode failed with code {rc} (batch of {self.batch.n_tokens} rows at position {self.n_past})")
-
     def room(self) -> int:
         """How many more tokens the context can take after the anchor."""
         return self.n_ctx - self.n_past - 1
 
     def verify(self, lay: Layout) -> Verified:
-        t0 = time.perf_counter()
+        """The layout's rows in one llama_decode of this slot alone."""
+        return verify_together([(self, lay)])[0]
+
+    def _check(self, lay: Layout) -> None:
         w = lay.width
         if w > self.max_width:
             raise ValueError(f"verify of {w} rows exceeds max_width {self.max_width}")
         if lay.token[0] != self.anchor:
             raise ValueError("the layout's row 0 is not the current anchor")
-        chain = lay.is_chain
-        if not chain and not self.supports_trees:
+        if not lay.is_chain and not self.supports_trees:
             raise ValueError("recurrent/hybrid models verify chains only")
         if w > 1 and not self.supports_chains:
             raise ValueError("this recurrent model cannot roll back a chain; only one row per round")
         if self.n_past + lay.max_depth >= self.n_ctx:
             raise ValueError("the tree runs past the context")
-        self._tok[:w] = lay.token
-        self._pos[:w] = np.asarray(lay.depth, dtype=np.int32) + self.n_past
-        self._out[:w] = 1
-        if chain:
-            self._nseq[:w] = 1
-            for r in range(w):
-                self._seq[r][0] = 0
+
+    def _fill(self, lay: Layout, row0: int) -> None:
+        """Write the layout's rows into the shared batch from row ``row0``, on this slot's
+        sequences; top up the leaf sequences it uses with the positions committed since."""
+        c, s0, w = self._c, self.seq0, lay.width
+        end = row0 + w
+        c.tok[row0:end] = lay.token
+        c.pos[row0:end] = np.asarray(lay.depth, dtype=np.int32) + self.n_past
+        c.out[row0:end] = 1
+        if lay.is_chain:
+            c.nseq[row0:end] = 1
+            for r in range(row0, end):
+                c.seq[r][0] = s0
         else:
-            ids = self._seq_ids
+            ids = c.seq_ids
             for r in range(w):
-                lo, hi = lay.seq_lo[r], lay.seq_hi[r]
-                self._nseq[r] = hi - lo + 1
-                self._seq[r][: hi - lo + 1] = ids[lo : hi + 1]
+                lo, hi = s0 + lay.seq_lo[r], s0 + lay.seq_hi[r]
+                c.nseq[row0 + r] = hi - lo + 1
+                c.seq[row0 + r][: hi - lo + 1] = ids[lo : hi + 1]
             synced = self._synced
             for s in range(1, lay.n_leaves + 1):
                 if synced[s] < self.n_past:  # top up with the positions committed since
-                    L.llama_memory_seq_cp(self.mem, 0, s, synced[s], -1)
+                    L.llama_memory_seq_cp(self.mem, s0, s0 + s, synced[s], -1)
                     synced[s] = self.n_past
-        self.batch.n_tokens = w
-        t1 = time.perf_counter()
-        self._decode()
-        t2 = time.perf_counter()
-        argmax = self._logits(w).argmax(axis=1).tolist()
-        if self._hidden_ids:
-            self._verify_hidden = self._read_hidden(w)
-        t3 = time.perf_counter()
-        self._last_rows = w
-        decode_ms = (t2 - t1) * 1e3
-        verify_ms = (t3 - t0) * 1e3
-        return Verified(argmax, verify_ms, decode_ms, verify_ms - decode_ms)
+        self._row0, self._last_rows = row0, w
 
     def commit(self, lay: Layout, keep_rows: list[int], next_anchor: int) -> float:
-        """Keep the anchor and ``keep_rows`` (a path from it, top down) in sequence 0, drop every
-        other row, and make ``next_anchor`` the new anchor. Returns milliseconds taken."""
+        """Keep the anchor and ``keep_rows`` (a path from it, top down) in the first sequence,
+        drop every other row, and make ``next_anchor`` the new anchor. Returns milliseconds taken."""
         t0 = time.perf_counter()
-        p0 = self.n_past
+        p0, s0 = self.n_past, self.seq0
         end = p0 + len(keep_rows) + 1  # first position past the kept path
         if lay.is_chain:
-            L.llama_memory_seq_rm(self.mem, 0, end, -1)
+            L.llama_memory_seq_rm(self.mem, s0, end, -1)
         else:
             deepest = keep_rows[-1] if keep_rows else 0
-            s_star = lay.seq_lo[deepest]  # any leaf below the deepest kept row carries the path
+            s_star = s0 + lay.seq_lo[deepest]  # any leaf below the deepest kept row carries the path
             L.llama_memory_seq_rm(self.mem, s_star, end, -1)
-            L.llama_memory_seq_cp(self.mem, s_star, 0, p0, -1)
+            L.llama_memory_seq_cp(self.mem, s_star, s0, p0, -1)
             self._drop_leaves(lay.n_leaves, p0)
         if self._hidden_ids:
             self._hidden_pending.append((p0, self._verify_hidden[[0, *keep_rows]]))
@@ -430,7 +471,7 @@ class LlamaTarget(FreedWithObject):
     def discard(self, lay: Layout) -> None:
         """Undo a verify without committing anything: the KV cache is as before it."""
         if lay.is_chain:
-            L.llama_memory_seq_rm(self.mem, 0, self.n_past, -1)
+            L.llama_memory_seq_rm(self.mem, self.seq0, self.n_past, -1)
         else:
             self._drop_leaves(lay.n_leaves, self.n_past)
 
@@ -438,7 +479,7 @@ class LlamaTarget(FreedWithObject):
         """Take leaf sequences 1..n_leaves off every cell at position >= p0 (the tree's cells);
         a cell left with no sequence is freed. They keep the committed prefix below p0."""
         for s in range(1, n_leaves + 1):
-            L.llama_memory_seq_rm(self.mem, s, p0, -1)
+            L.llama_memory_seq_rm(self.mem, self.seq0 + s, p0, -1)
 
     # --- hidden states for a DSpark drafter ------------------------------------------------------
 
@@ -448,6 +489,8 @@ class LlamaTarget(FreedWithObject):
         if self.model.arch not in HIDDEN_STATE_ARCHS:
             raise InputError(f"a DSpark drafter reads the target's hidden states, which llama.cpp does not "
                              f"expose for the {self.model.arch!r} architecture of {self.model.path.name}")
+        if not self._owner:
+            raise InputError("a DSpark drafter reads one request's hidden states: it cannot serve batched requests")
         bad = [i for i in layer_ids if not 0 <= i <= self.model.n_layer]
         if bad:
             raise InputError(f"the drafter reads target layers {bad}; {self.model.path.name} has "
@@ -471,37 +514,106 @@ class LlamaTarget(FreedWithObject):
     # --- inspection (tests, profile) -----------------------------------------------------------
 
     def row_logits(self) -> np.ndarray:
-        """The last verify's logits, one row per verified row: a view, valid until the next
-        decode (a sampled round draws its tokens from it)."""
-        return self._logits(self._last_rows)
+        """The last verify's logits, one row per verified row of this slot: a view, valid until
+        the next decode (a sampled round draws its tokens from it)."""
+        return self._c.logits(self._row0 + self._last_rows)[self._row0 :]
 
     def last_logits(self) -> np.ndarray:
         """A copy of the last verify's logits, one row per verified row (tests compare them)."""
-        return self._logits(self._last_rows).copy()
-
-    def _logits(self, rows: int) -> np.ndarray:
-        """A view of the first ``rows`` output rows of the logits buffer. (np.frombuffer on a
-        cached ctypes array type: np.ctypeslib.as_array builds a new type per call, 70 us.)"""
-        addr = ctypes.cast(L.llama_get_logits(self.ctx), ctypes.c_void_p).value
-        flat = np.frombuffer(self._logits_type.from_address(addr), dtype=np.float32)
-        return flat[: rows * self.n_vocab].reshape(rows, self.n_vocab)
+        return self.row_logits().copy()
 
     def synced(self, seq: int) -> int:
-        """Committed positions leaf sequence ``seq`` carries (tests check the KV invariants)."""
+        """Committed positions leaf sequence ``seq`` (of this slot) carries (tests check the KV
+        invariants)."""
         return self._synced[seq]
 
     def seq_ranges(self) -> dict[int, tuple[int, int]]:
-        """(min, max) position per sequence that holds cells."""
+        """(min, max) position per sequence of this slot that holds cells (0: its first)."""
         out = {}
         for s in range(self.n_seq):
-            lo = L.llama_memory_seq_pos_min(self.mem, s)
+            lo = L.llama_memory_seq_pos_min(self.mem, self.seq0 + s)
             if lo >= 0:
-                out[s] = (lo, L.llama_memory_seq_pos_max(self.mem, s))
+                out[s] = (lo, L.llama_memory_seq_pos_max(self.mem, self.seq0 + s))
         return out
 
     def seq_state_bytes(self, seq: int = 0) -> int:
         """Size of sequence ``seq``'s saved state: affine in the number of cells it holds."""
-        return L.llama_state_seq_get_size(self.ctx, seq)
+        return L.llama_state_seq_get_size(self.ctx, self.seq0 + seq)
+
+
+def _context_size(model: LlamaModel, n_ctx: int | None) -> int:
+    n = int(n_ctx or min(model.n_ctx_train or 4096, 8192))
+    if n > UINT32_MAX:
+        # llama.cpp's n_ctx is a uint32_t: ctypes would cut the value to its low 32 bits (2^32 +
+        # 16 became 16, and llama.cpp aborted the process), so refuse it before it gets there.
+        raise InputError(f"a context of {n} tokens is more than llama.cpp can hold (at most {UINT32_MAX})")
+    return n
+
+
+def verify_together(items: list[tuple[LlamaTarget, Layout]]) -> list[Verified]:
+    """Every slot's layout in one llama_decode (slots of one context, each at most once): each
+    row sees its own slot's committed cells and its own ancestors only (a row's sequence ids are
+    its slot's), so each slot's rows are what a verify of that slot alone gives, up to the
+    kernels' near ties (paper 3.5). Each Verified has its slot's argmax and the step's times."""
+    t0 = time.perf_counter()
+    c = items[0][0]._c
+    rows = 0
+    for slot, lay in items:
+        if slot._c is not c:
+            raise ValueError("slots of different contexts cannot verify together")
+        slot._check(lay)
+        if rows + lay.width > c.cap:
+            raise ValueError(f"a step of {rows + lay.width} rows exceeds the batch's {c.cap}")
+        slot._fill(lay, rows)
+        rows += lay.width
+    t1 = time.perf_counter()
+    c.decode(rows, f"of {len(items)} request(s)")
+    t2 = time.perf_counter()
+    argmax = c.logits(rows).argmax(axis=1).tolist()
+    for slot, lay in items:
+        if slot._hidden_ids:
+            slot._verify_hidden = slot._read_hidden(lay.width)
+    t3 = time.perf_counter()
+    decode_ms, verify_ms = (t2 - t1) * 1e3, (t3 - t0) * 1e3
+    return [Verified(argmax[slot._row0 : slot._row0 + lay.width], verify_ms, decode_ms, verify_ms - decode_ms)
+            for slot, lay in items]
+
+
+class LlamaBatch(FreedWithObject):
+    """``n`` slots on one llama.cpp context, each a LlamaTarget with ``n_ctx`` positions and
+    ``MAX_SEQ // n`` sequences of its own (so its trees hold at most that many rows), for
+    requests verified together (``verify_together``): llama-server's parallel slots, with trees.
+    The unified cache holds every slot's cells; a step's rows attend every cell in use (masked to
+    their own slot's), so a step costs what its rows and the slots' contexts together cost."""
+
+    def __init__(self, model: LlamaModel, n: int, n_ctx: int | None = None, threads: int | None = None,
+                 max_width: int = MAX_WIDTH, reuse_prefix: bool = False):
+        if model.recurrent:
+            raise InputError(f"{model.path.name} is recurrent/hybrid: its state has no slots to batch requests in")
+        if not 1 <= n <= MAX_SEQ:
+            raise InputError(f"parallel requests must be 1 to {MAX_SEQ}, got {n}")
+        per_slot = MAX_SEQ // n if n > 1 else min(max_width, MAX_SEQ)
+        width = min(max_width, per_slot)
+        n_ctx = _context_size(model, n_ctx)
+        # Every slot's context, plus a tree's rows beyond it for each (a verify near the end of a
+        # slot's context must still find cells).
+        cells = n * (n_ctx + width)
+        if cells > UINT32_MAX:
+            raise InputError(f"{n} slots of {n_ctx} tokens are more than llama.cpp can hold")
+        self._c = _Context(model, cells, per_slot * n, max(512, n * width), n * width, thread_count(threads),
+                           False, width)
+        self.slots = [LlamaTarget(model, n_ctx, threads, width, reuse_prefix=reuse_prefix,
+                                  shared=(self._c, i * per_slot, per_slot)) for i in range(n)]
+
+    def verify(self, items: list[tuple[LlamaTarget, Layout]]) -> list[Verified]:
+        """Several slots' layouts in one llama_decode (``verify_together``)."""
+        return verify_together(items)
+
+    def close(self) -> None:
+        for s in getattr(self, "slots", []):
+            s.close()
+        if getattr(self, "_c", None) is not None:
+            self._c.close()
 
 
 class LlamaSequence(FreedWithObject):

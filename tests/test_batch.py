@@ -1,0 +1,104 @@
+"""Requests decoded together (decode/batch.py on engine/llama.py's LlamaBatch): one llama_decode a
+step holds every active request's tree, and each reply is the one its request decodes alone."""
+
+import pytest
+from conftest import NEAR_TIE, assert_same_sample, prompt_tokens
+from test_engine import check_greedy, check_kv
+
+from adaspark_core.base.errors import InputError
+from adaspark_core.base.sampling import Sampling
+from adaspark_core.decode.batch import Batch
+from adaspark_core.decode.scheduler import Generation, parse_arm
+
+# (prompt, arm, max tokens, step it joins at, sampled): greedy and sampled requests in one batch,
+# chains and trees of several widths, joining while others decode and ending at different steps.
+REQUESTS = [
+    ("explain.txt", "tree:8", 48, 0, False),
+    ("code.txt", "chain:3", 40, 0, False),
+    ("list.txt", "tree:16", 56, 3, False),
+    ("story.txt", "chain:4", 36, 5, True),
+    ("summary.txt", "ar", 12, 6, False),
+]
+SAMPLING = Sampling(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=11)
+
+
+def solo(target, prompt, arm, max_tokens, sampling):
+    gen = Generation(target, prompt, parse_arm(arm), max_tokens, sampling=sampling)
+    for _ in gen:
+        pass
+    return gen.tokens
+
+
+@pytest.mark.model
+def test_replies_decoded_in_a_batch_equal_the_replies_decoded_alone(lm, target):
+    from adaspark_core.engine.llama import LlamaBatch
+
+    engine = LlamaBatch(lm, 4, n_ctx=512)
+    batch = Batch(engine.verify)
+    free = list(engine.slots)
+    waiting = [(name, prompt_tokens(lm, name), arm, n, at, SAMPLING if sampled else None)
+               for name, arm, n, at, sampled in REQUESTS]
+    gens, widths, sizes = {}, {}, {}
+    rounds_alone = 0
+    while waiting or batch.active:
+        for req in [r for r in waiting if r[4] <= batch.steps and free]:
+            waiting.remove(req)
+            name, prompt, arm, n, _, how = req
+            gen = Generation(free.pop(0), prompt, parse_arm(arm), n, request_id=name, sampling=how)
+            batch.add(gen)
+            gens[name], widths[name], sizes[name] = (req, gen), [], []
+        for gen, emitted in batch.step():
+            widths[gen.request_id] += [gen.last_width] * len(emitted)
+            check_kv(gen.target, sizes[gen.request_id])  # every slot's KV invariants, every step
+            rounds_alone += 1
+            if gen.finish is not None:
+                free.append(gen.target)
+    assert batch.steps < rounds_alone  # requests shared verifies
+    assert len(gens) == len(REQUESTS)
+    for name, ((_, prompt, arm, n, _, how), gen) in gens.items():
+        alone = solo(target, prompt, arm, n, how)
+        if how is not None:
+            assert_same_sample(lm, prompt, gen.tokens, alone, how, gen.seed, name)
+            continue
+        if gen.finish == "stop":
+            widths[name].append(gen.last_width)
+        check_greedy(lm, prompt, gen.tokens, gen.finish, widths[name])  # argmax but at near ties
+        if gen.tokens != alone:  # the two part only where a re-score's top two nearly tie
+            i = next(i for i, (a, b) in enumerate(zip(gen.tokens + [-1], alone + [-1])) if a != b)
+            from adaspark_core.engine.llama import score
+
+            row = score(lm, prompt + gen.tokens[:i])[-1]
+            top = sorted(row)[-2:]
+            assert top[1] - top[0] < NEAR_TIE, (name, i)
+
+
+@pytest.mark.model
+def test_a_learning_arm_is_refused_with_one_line(lm):
+    from adaspark_core.engine.llama import LlamaBatch
+
+    engine = LlamaBatch(lm, 2, n_ctx=256)
+    batch = Batch(engine.verify)
+    with pytest.raises(InputError, match="adaspark"):
+        batch.add(Generation(engine.slots[0], prompt_tokens(lm, "list.txt"), parse_arm("adaspark"), 8))
+    assert not batch.active
+
+
+@pytest.mark.model
+def test_slots_share_out_the_sequences_and_a_request_can_leave_mid_reply(lm):
+    from adaspark_core.engine.llama import LlamaBatch
+
+    engine = LlamaBatch(lm, 8, n_ctx=256)
+    assert [s.seq0 for s in engine.slots] == [32 * i for i in range(8)]
+    assert all(s.max_width == 32 for s in engine.slots)  # 256 sequences among 8 slots
+    batch = Batch(engine.verify)
+    a = Generation(engine.slots[0], prompt_tokens(lm, "list.txt"), parse_arm("tree:16"), 40)
+    b = Generation(engine.slots[1], prompt_tokens(lm, "code.txt"), parse_arm("chain:3"), 40)
+    batch.add(a)
+    batch.add(b)
+    batch.step()
+    batch.step()
+    batch.drop(a, "stop")
+    assert a.finish == "stop" and batch.active == [b]
+    while batch.active:
+        batch.step()
+    assert b.finish is not None and len(b.tokens) > 0
