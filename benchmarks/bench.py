@@ -3,6 +3,7 @@
     python -m benchmarks.bench smoke [--max-tokens N] [--passes K] [--json]
     python -m benchmarks.bench quant [--json]
     python -m benchmarks.bench memory [--tokens N] [--rounds K]
+    python -m benchmarks.bench step [--context C]
 
 ``smoke`` decodes three bundled prompts (one copy-heavy) with ar, chain:4, tree:8 and tree:16,
 the arms interleaved and each pass in the opposite order of the last, and reports decode tok/s
@@ -418,6 +419,75 @@ def host(
         table.append([w, f"{chain_dec:.2f}", f"{chain_host:.3f}", f"{statistics.median(hosts[2:]):.3f}", lay.n_leaves])
     print("engine host time per verify (ms, median), context 1000 tokens")
     print(tabulate(table, headers=["rows", "llama_decode", "host: chain", "host: bushy tree", "leaves"]))
+
+
+@app.command()
+def step(
+    context: int = typer.Option(500, "--context", help="Committed tokens of every slot's request."),
+    repeats: int = typer.Option(12, "--repeats", help="Timed verifies per cell (the first two dropped)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """What one batched step costs (issue 29): a verify of N slots x W rows each on a LlamaBatch of
+    N slots (each slot's request at CONTEXT tokens), against a lone target's verify of N x W rows
+    at the same context, and against N lone one-row verifies one after another (plain decoding of
+    N requests in turn). Every row attends every cell in use (unified KV, flash attention off),
+    so a step pays for every slot's context on every row. Cells in random order, medians."""
+    import random
+
+    from adaspark_core.base.tree import PICK, Candidate
+    from adaspark_core.engine.llama import LlamaBatch
+
+    rng = random.Random(0)
+    lm = LlamaModel(default_model())
+    prompt = [rng.randrange(1000, lm.n_vocab) for _ in range(context + 1)]
+    engines = {n: LlamaBatch(lm, n, n_ctx=context + 100) for n in (1, 2, 4, 8)}
+    for engine in engines.values():
+        for slot in engine.slots:
+            slot.start(prompt)
+    alone = LlamaTarget(lm, n_ctx=context + 100)
+    alone.start(prompt)
+
+    def star(t, w):  # the anchor and w - 1 children: w rows, w - 1 leaves
+        cands = [Candidate(rng.randrange(1000, lm.n_vocab), ANCHOR, PICK, 1) for _ in range(w - 1)]
+        return tree.layout(t.anchor, cands, list(range(w - 1)))
+
+    def timed(verify, items) -> float:
+        t0 = time.perf_counter()
+        verify(items)
+        ms = (time.perf_counter() - t0) * 1e3
+        for t, lay in items:
+            t.discard(lay)
+        return ms
+
+    cells = {}
+    for n, engine in engines.items():
+        for w in (1, 2, 4, 8):
+            if n * w <= 64:
+                cells[("batch", n, w)] = lambda e=engine, w=w: timed(e.verify, [(s, star(s, w)) for s in e.slots])
+    for rows in (1, 2, 4, 8, 16, 32, 64):
+        cells[("alone", rows, 1)] = lambda r=rows: timed(lambda its: [t.verify(lay) for t, lay in its], [(alone, star(alone, r))])
+    times = {k: [] for k in cells}
+    for _ in range(repeats):
+        order = list(cells)
+        rng.shuffle(order)
+        for k in order:
+            times[k].append(cells[k]())
+    med = {k: statistics.median(v[2:] if len(v) > 4 else v) for k, v in times.items()}
+    rows = []
+    for (kind, n, w), ms in med.items():
+        if kind == "batch":
+            lone = med[("alone", n * w, 1)]
+            one_by_one = n * med[("alone", 1, 1)]
+            rows.append([f"{n} x {w}", n * w, f"{ms:.1f}", f"{lone:.1f}", f"{ms / lone:.2f}", f"{one_by_one:.1f}",
+                         f"{ms / one_by_one:.2f}"])
+    print(f"one step at {context} tokens of context per request ({alone.threads} threads), medians of {repeats - 2}")
+    print(tabulate(rows, headers=["slots x rows", "rows", "step ms", "lone target, same rows", "ratio",
+                                  "N lone 1-row verifies", "ratio"]))
+    if as_json:
+        print(orjson.dumps({f"{k[0]}:{k[1]}x{k[2]}": v for k, v in med.items()}).decode())
+    for engine in engines.values():
+        engine.close()
+    alone.close()
 
 
 @app.command()

@@ -233,10 +233,10 @@ def test_hindsight_labels_wait_for_the_text_and_never_teach_the_request_intercep
     # M1 verified and accepted, the bonus M2; M3 is labelled only once the next round commits.
     model.learn(record(cands, [1, 2], [ANCHOR, 0], [0], p_src=0.2, last=False))
     m3 = "ng:" + cands[2]["bucket"]
-    assert model.buckets.m.get(m3, 0) == 0 and len(model._pending) == 1
+    assert model.buckets.m.get(m3, 0) == 0 and len(model.fit.pending) == 1
     b_req = model.intercept.value
     model.learn(record([], [3], [ANCHOR], [], p_src=0.2, last=False))  # the target's next token is M3
-    assert model.buckets.m[m3] == 1 and not model._pending
+    assert model.buckets.m[m3] == 1 and not model.fit.pending
     assert model.intercept.value == b_req  # a delayed label says nothing about this request's level now
     assert p.fitted[2] < 0.9  # and it was priced at the round's own q
 

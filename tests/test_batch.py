@@ -73,14 +73,54 @@ def test_replies_decoded_in_a_batch_equal_the_replies_decoded_alone(lm, target):
 
 
 @pytest.mark.model
-def test_a_learning_arm_is_refused_with_one_line(lm):
+def test_a_batched_learning_run_replays_exactly_and_logs_its_steps(lm, tmp_path):
+    """Six requests of the adaspark arm, four slots, one set of learners, greedy and sampled
+    requests in the same steps: replaying the round log decides every step's widths as the run
+    did (replay checks q, order, width and measurement) and ends with the same learned state; the
+    replay report counts the rounds by requests in their step."""
+    import orjson
+
+    from adaspark_core.engine.llama import LlamaBatch
+    from adaspark_core.evaluate.replay import replay
+    from adaspark_core.learn.learned import Learners
+    from adaspark_core.store.record import RoundLog, read_log
+
+    engine = LlamaBatch(lm, 4, n_ctx=512)
+    learners = Learners()
+    log = RoundLog(tmp_path / "rounds.jsonl")
+    batch = Batch(engine.verify)
+    free = list(engine.slots)
+    names = ["rewrite.txt", "explain.txt", "code.txt", "list.txt", "story.txt", "summary.txt"]
+    queue = [(i, name, prompt_tokens(lm, name)) for i, name in enumerate(names)]
+    while queue or batch.active:
+        while queue and free:
+            i, name, prompt = queue.pop(0)
+            how = SAMPLING if i % 3 == 2 else None
+            batch.add(Generation(free.pop(0), prompt, parse_arm("adaspark"), 48, request_id=f"{i}-{name}", log=log,
+                                 learners=learners.regime(how is not None), sampling=how))
+        for gen, _ in batch.step():
+            if gen.finish is not None:
+                free.append(gen.target)
+    log.close()
+    records = list(read_log(tmp_path / "rounds.jsonl"))
+    assert all(r.step is not None for r in records) and max(r.step["requests"] for r in records) == 4
+    assert sum(r.step["lead"] for r in records) == batch.steps
+    replayed, report = replay(records)  # raises ReplayMismatch at the first disagreement
+    assert orjson.dumps(replayed.state()) == orjson.dumps(learners.state())
+    by_load = report.to_json()["batched"]
+    assert sum(v["rounds"] for v in by_load.values()) == len(records) and "4" in by_load
+
+
+@pytest.mark.model
+def test_a_learning_arm_cannot_join_a_batch_of_another_arm(lm):
     from adaspark_core.engine.llama import LlamaBatch
 
     engine = LlamaBatch(lm, 2, n_ctx=256)
     batch = Batch(engine.verify)
+    batch.add(Generation(engine.slots[0], prompt_tokens(lm, "code.txt"), parse_arm("chain:3"), 8, request_id="a"))
     with pytest.raises(InputError, match="adaspark"):
-        batch.add(Generation(engine.slots[0], prompt_tokens(lm, "list.txt"), parse_arm("adaspark"), 8))
-    assert not batch.active
+        batch.add(Generation(engine.slots[1], prompt_tokens(lm, "list.txt"), parse_arm("adaspark"), 8, request_id="b"))
+    assert len(batch.active) == 1
 
 
 @pytest.mark.model
@@ -91,8 +131,8 @@ def test_slots_share_out_the_sequences_and_a_request_can_leave_mid_reply(lm):
     assert [s.seq0 for s in engine.slots] == [32 * i for i in range(8)]
     assert all(s.max_width == 32 for s in engine.slots)  # 256 sequences among 8 slots
     batch = Batch(engine.verify)
-    a = Generation(engine.slots[0], prompt_tokens(lm, "list.txt"), parse_arm("tree:16"), 40)
-    b = Generation(engine.slots[1], prompt_tokens(lm, "code.txt"), parse_arm("chain:3"), 40)
+    a = Generation(engine.slots[0], prompt_tokens(lm, "list.txt"), parse_arm("tree:16"), 40, request_id="a")
+    b = Generation(engine.slots[1], prompt_tokens(lm, "code.txt"), parse_arm("chain:3"), 40, request_id="b")
     batch.add(a)
     batch.add(b)
     batch.step()

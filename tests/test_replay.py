@@ -106,7 +106,7 @@ def test_a_log_of_schema_4_with_reach_reads_and_replays_as_it_did(tmp_path):
     with RoundLog(path) as log:
         live = serve(log, arms=("adaspark", "ar", "adaspark"))
     lines = [orjson.loads(x) for x in path.read_bytes().splitlines()]
-    assert all(d["schema"] == SCHEMA == 5 and "reach" not in d for d in lines)
+    assert all(d["schema"] == SCHEMA >= 5 and "reach" not in d for d in lines)
     assert any(d["measure"] is not None for d in lines)  # cold start: rounds that measured a width
     old = tmp_path / "old.jsonl"
     old.write_bytes(b"".join(orjson.dumps({**d, "schema": 4, "reach": 7}) + b"\n" for d in lines))
@@ -123,3 +123,18 @@ def test_the_checked_in_log_of_schema_3_reads_without_reach():
     for rec in read_log(FIXTURE_LOG):
         d = rec.to_json()
         assert d["schema"] == SCHEMA and "reach" not in d and not hasattr(rec, "reach")
+
+
+def test_a_schema_5_line_reads_as_a_round_verified_alone():
+    """Schema 6 adds ``step`` (rounds verified together with other requests'); a line written
+    before it reads as a round verified alone, and replays through the lone-round path."""
+    from adaspark_core.store.record import RoundRecord
+
+    line = {"request": "r", "round": 0, "context": 5, "arm": "ar", "anchor": 1, "candidates": [], "order": [],
+            "offered": [1], "prices": None, "width": 1, "rows": [-1], "argmax": [2], "path": [], "bonus": 2,
+            "emitted": [2], "times": {"draft": 0.1, "verify": 1.0, "commit": 0.1, "host": 0.1, "decode": 0.9,
+                                       "learn": 0.0, "start": 0.0, "total": 1.2},
+            "measure": None, "p_src": None, "priced": None, "explored": False, "first": True, "last": True,
+            "finish": "length", "sampling": None, "schema": 5}
+    rec = RoundRecord.from_json(line)
+    assert rec.step is None and rec.schema == SCHEMA

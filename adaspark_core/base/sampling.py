@@ -8,11 +8,11 @@ function of the row's logits and its position, never of the tree around it: a ca
 accepted iff it equals its parent row's draw, and a speculative decode emits exactly the tokens a
 one-row-per-round decode with the same seed emits. Where kernels of other shapes give slightly
 other logits, a draw can differ only where the two best perturbed scores nearly tie: the greedy
-near-tie rule (paper 3.5) applied to the perturbed scores. (Inverse-CDF sampling was tried first:
-it splits wherever any two tokens swap rank, far more often.) For deterministic proposals
-(n-gram nodes, top-K picks) this accepts each child x of an accepted parent with probability
-p(x), as recursive rejection sampling with q = 1 on the proposed token does, and the output
-distribution is the target's own.
+near-tie rule (paper 3.5) applied to the perturbed scores. (Inverse-CDF sampling would split
+wherever any two tokens swap rank, far more often: ARCHITECTURE.md, section 5.) For deterministic
+proposals (n-gram nodes, top-K picks) this accepts each child x of an accepted parent with
+probability p(x), as recursive rejection sampling with q = 1 on the proposed token does, and the
+output distribution is the target's own.
 
 Everything here is pure numpy; the scheduler draws from its verify rows (scheduler.Draws).
 """
@@ -63,8 +63,8 @@ def _mix_int(z: int) -> int:
 
 def _fmix32(z: np.ndarray) -> np.ndarray:
     """murmur3's 32-bit finaliser, elementwise on uint32 (wrapping arithmetic). 32-bit lanes: a
-    64-bit multiply has no AVX2 instruction, and numpy's uint64 path made the noise of a whole
-    vocabulary cost 0.55 ms."""
+    64-bit multiply has no AVX2 instruction, so numpy's uint64 path is slow (ARCHITECTURE.md,
+    section 5)."""
     z = z ^ (z >> np.uint32(16))
     z = z * np.uint32(0x85EBCA6B)
     z = z ^ (z >> np.uint32(13))
@@ -113,9 +113,10 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 def _top(x: np.ndarray, k: int) -> np.ndarray:
     """The ids of the ``k`` largest of ``x`` (any order). A partition of the whole vocabulary
-    costs 0.4 ms a row here; the k largest lie within a few logits of the maximum, so they are
-    partitioned out of the tokens above a threshold that widens until at least k pass it
-    (every token not above it is below all that are: the k largest are among them)."""
+    is slow per row (ARCHITECTURE.md, section 5); the k largest lie within a few logits of the
+    maximum, so they are partitioned out of the tokens above a threshold that widens until at
+    least k pass it (every token not above it is below all that are: the k largest are among
+    them)."""
     n = len(x)
     top, gap = x.max(), 2.0
     while True:
@@ -185,12 +186,12 @@ def draw(logits: np.ndarray, s: Sampling, seed: int, pos: int) -> int:
     """The token at position ``pos``: the best perturbed score among the tokens the chain keeps.
 
     With top-k the kept set is small and is built (``scores``). Without it, building the top-p
-    set would sort the vocabulary (2 ms a row here); instead the perturbed scores of every token
-    are ranked and the first one the chain keeps wins. Min-p refuses every token under its floor
-    at once. Top-p keeps a token iff the mass of the tokens before it (llama.cpp's order: higher
-    logit, then lower id) is under p, and always the first (llama.cpp's ``min_keep``: at top_p 0
-    the draw is greedy); a token it refuses refuses every less likely one with it, so the loop
-    ends within a few turns however small p is."""
+    set would sort the vocabulary (slow per row: ARCHITECTURE.md, section 5); instead the
+    perturbed scores of every token are ranked and the first one the chain keeps wins. Min-p
+    refuses every token under its floor at once. Top-p keeps a token iff the mass of the tokens
+    before it (llama.cpp's order: higher logit, then lower id) is under p, and always the first
+    (llama.cpp's ``min_keep``: at top_p 0 the draw is greedy); a token it refuses refuses every
+    less likely one with it, so the loop ends within a few turns however small p is."""
     if 0 < s.top_k < len(logits):
         ids, sc = scores(logits, s, seed, pos)
         return int(ids[int(np.argmax(sc))])

@@ -23,9 +23,9 @@ ANCHOR = -1
 # n-gram chains stop this many tokens below the anchor (Table 14): a chain this deep was cut, not
 # ended, and goes on past what the round proposed (chooser.Lookahead)
 MAX_CHAIN_DEPTH = 32
-# The widest verify, in rows: the top of the cost model's ladder, an adaptive arm's bound, a fixed
-# arm's limit and the rows a target is built for (llama.cpp allows 256 sequences; wider verifies
-# never paid on any machine measured, ARCHITECTURE.md section 5).
+# The widest verify, in rows: the top of the cost model's ladder (the paper's, Figure 3), an
+# adaptive arm's bound, a fixed arm's limit and the rows a target is built for. llama.cpp allows
+# 256 sequences: a lone target uses 64, batched slots share the 256 (engine/llama.py LlamaBatch).
 MAX_WIDTH = 64
 FOLLOWER_CONTEXT = 3  # n-gram follower context when no earlier passage continues (Table 14)
 COPY_MIN = FOLLOWER_CONTEXT + 1  # an n-gram copy needs a longer matching context than a follower

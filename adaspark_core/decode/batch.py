@@ -1,31 +1,61 @@
 """Requests decoded together: each step, one verify holds every active request's tree.
 
-llama-server's continuous batching, with trees. A step settles every request's previous round
-(learned and logged, in the requests' order), plans each request's round (propose, decide), runs
-one verify of all their rows on the engine's slots (``LlamaBatch.verify``: one llama_decode), and
-finishes each request's round on its own (accept, commit, record); the caller streams what each
-emitted. Requests join (``add``) and leave (finished, or ``drop``) between steps; a joining
-request's prompt is prefilled when it joins.
+llama-server's continuous batching, with trees and widths chosen for the whole step. A step
+settles every request's previous round (learned and logged, in the requests' order), proposes
+each request's candidates, decides (``decide_step``), runs one verify of all their rows on the
+engine's slots (``LlamaBatch.verify``: one llama_decode), and finishes each request's round on its
+own (accept, commit, record); the caller streams what each emitted. Requests join (``add``) and
+leave (finished, or ``drop``) between steps; a joining request's prompt is prefilled when it joins.
 
 Exactness holds per request: a row's sequence ids are its own slot's, so it sees only its own
 request's committed cells and its own ancestors, and each reply is the one its request decodes
-alone, up to the kernels' near ties (paper 3.5; tests/decode/test_batch.py).
+alone, up to the kernels' near ties (paper 3.5).
 
-Learning arms do not batch yet: their learners keep per-request state (the acceptance model's
-intercept and offset, its pending hindsight labels, the chooser's incumbent) that one request at a
-time shares, and replay would have to decide a step's requests before learning any of them.
+Widths: a fixed arm takes its own. Requests of a learning arm are priced each by the acceptance
+model with its own per-request state (``Learners.use``), and their widths are chosen together by
+the width policy (``AdaptiveWidth.decide_step``): each row goes where it adds the most expected
+tokens, and the step's rows are as many as maximise its expected tokens per millisecond, priced
+by the cost model at all the step's cells. Each record carries its ``step``; the step's lead
+record teaches the cost model what the step cost, and replay decides a step's requests together
+before it learns from any of them, as the step did.
 """
 
 from __future__ import annotations
 
+import secrets
 from typing import Callable
 
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.tree import Layout
-from adaspark_core.decode.scheduler import Generation
+from adaspark_core.decode.scheduler import Generation, RoundDecision, RoundPlan, decide_round, price_round
 from adaspark_core.engine.base import Target, Verified
+from adaspark_core.learn.learned import Learners
 
 VerifyTogether = Callable[[list[tuple[Target, Layout]]], list[Verified]]
+
+
+def decide_step(plans: list[RoundPlan], arms, learners: Learners | None, cells: int,
+                select: Callable[[int], None] = lambda i: None) -> list[RoundDecision]:
+    """The decisions of one step's rounds, in the requests' order (the live step and replay both
+    decide through here). ``cells``: every request's context in the step (each row attends all
+    of them). ``select(i)``: make request i's per-request learner state current.
+    Fixed arms decide alone; learning ones (one arm, one set of learners) are priced each and
+    given widths together."""
+    if learners is None or not arms[0].adaptive:
+        out = []
+        for i, (plan, arm) in enumerate(zip(plans, arms)):
+            select(i)
+            out.append(decide_round(plan.cand_dicts, plan.context, plan.p_src, arm, plan.max_rows, learners))
+        return out
+    priced = []
+    for i, (plan, arm) in enumerate(zip(plans, arms)):
+        select(i)
+        priced.append(price_round(plan.cand_dicts, plan.context, plan.p_src, arm, learners))
+    policy = learners.policy
+    widths = policy.decide_step([(order, big_q) for _, order, big_q in priced], cells, policy.cost.d_now(),
+                                [plan.max_rows for plan in plans])
+    return [RoundDecision(p, order, min(w.width, len(plan.cand_dicts) + 1), w.offered, w.prices, w.measure)
+            for (p, order, _), w, plan in zip(priced, widths, plans)]
 
 
 class Batch:
@@ -35,15 +65,21 @@ class Batch:
         self.verify = verify
         self.active: list[Generation] = []
         self.steps = 0
+        self.id = secrets.token_hex(4)  # tells this batch's steps from another run's in one log
 
     def add(self, gen: Generation) -> None:
         """``gen`` joins at the next step (its target a free slot of the engine): its prompt is
-        prefilled now."""
-        if gen.arm.learns:
-            raise InputError(f"arm {gen.arm.name} learns while it decodes, which batched requests cannot do yet: "
-                             "use a fixed arm (ar, chain:N, tree:N) or one request at a time")
+        prefilled now. A batch holds fixed arms, or requests of one learning arm on one set of
+        learners (their regimes apart: a sampled request's are its own)."""
         if any(g.target is gen.target for g in self.active):
             raise ValueError("a slot serves one request at a time")
+        if any(g.request_id == gen.request_id for g in self.active):
+            raise ValueError(f"request id {gen.request_id} is already active")
+        mine = [g for g in self.active if g.arm.learns or gen.arm.learns]
+        if mine and any(g.arm != gen.arm for g in mine):
+            raise InputError(f"arm {gen.arm.name} cannot join a batch of arm {mine[0].arm.name}: "
+                             "requests decoded together learn with one arm")
+        gen.batched = True
         gen.begin()
         self.active.append(gen)
 
@@ -58,15 +94,35 @@ class Batch:
     def step(self) -> list[tuple[Generation, list[int]]]:
         """One round of every active request, verified together: (request, tokens it emitted),
         in the requests' order. A request whose reply ended is closed and leaves."""
-        if not self.active:
+        active = self.active
+        if not active:
             return []
-        for gen in self.active:  # every previous round learns before any request decides
+        for gen in active:  # every previous round learns before any request decides
             gen.settle()
-        plans = [gen.next_plan() for gen in self.active]
-        verified = self.verify([(gen.target, plan.layout) for gen, plan in zip(self.active, plans)])
-        out = [(gen, gen.finish_round(plan, ver)) for gen, plan, ver in zip(self.active, plans, verified)]
+        clock = active[0].clock
+        t0 = clock()
+        plans = [gen.propose(gen.stats.rounds, gen.target.room()) for gen in active]
+        groups = {}  # greedy and sampled requests learn apart (Learners.regime)
+        for i, gen in enumerate(active):
+            groups.setdefault(id(gen.learners), []).append(i)
+        decisions: list[RoundDecision | None] = [None] * len(active)
+        cells = sum(plan.context for plan in plans)
+        for idx in groups.values():
+            gens = [active[i] for i in idx]
+            for i, dec in zip(idx, decide_step([plans[i] for i in idx], [g.arm for g in gens], gens[0].learners,
+                                               cells, lambda k: gens[k].use_learners())):
+                decisions[i] = dec
+        plans = [gen.decided(plan, dec) for gen, plan, dec in zip(active, plans, decisions)]
+        draft_ms = (clock() - t0) * 1e3
+        verified = self.verify([(gen.target, plan.layout) for gen, plan in zip(active, plans)])
+        out = [(gen, gen.finish_round(plan, ver)) for gen, plan, ver in zip(active, plans, verified)]
+        step = {"batch": self.id, "id": self.steps, "requests": len(active), "rows": sum(p.layout.width for p in plans),
+                "cells": sum(p.context for p in plans), "draft": draft_ms,
+                "last": any(gen.finish is not None for gen in active)}
+        for i, (gen, plan) in enumerate(zip(active, plans)):
+            gen.last_record.step = {**step, "index": i, "lead": i == 0, "max_rows": plan.max_rows}
         self.steps += 1
-        for gen in [g for g in self.active if g.finish is not None]:
+        for gen in [g for g in active if g.finish is not None]:
             self.active.remove(gen)
             gen.close()
         return out

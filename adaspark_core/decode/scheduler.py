@@ -34,11 +34,8 @@ from adaspark_core.learn.acceptance import HEAD
 from adaspark_core.learn.learned import LearnerParams, Learners
 from adaspark_core.store.record import RoundLog, RoundRecord, Timing
 
-# Sibling n-gram chains per round where earlier occurrences continue differently. One, not three:
-# on trace simulations of the bench workload (adaspark simulate, this machine's verify times) the
-# first-N ratio over ar was 1.50x (96-token replies) and 1.71x (256) with one, 1.50x and 1.68x with
-# three, 1.49x and 1.67x with none, while each further chain adds up to 8 candidates that every
-# round drafts, prices, plans and logs (host time the CPU pays on every candidate round).
+# Sibling n-gram chains per round where earlier occurrences continue differently: one, as more
+# cost host time every candidate round and gain nothing (ARCHITECTURE.md, section 5).
 MAX_ALTS = 1
 
 STOP, LENGTH, CONTEXT = "stop", "length", "context"
@@ -179,8 +176,9 @@ class RoundPlan:
     cands: list[Candidate]
     cand_dicts: list[dict]  # the record's candidates, priced (q set by decide_round)
     p_src: float | None
-    decision: RoundDecision
-    layout: tree.Layout  # the rows to verify, depth first
+    max_rows: int  # the most rows this round may verify (the arm, the target, the context)
+    decision: RoundDecision | None = None
+    layout: tree.Layout | None = None  # the rows to verify, depth first
 
 
 def decide_round(cands: list[dict], context: int, p_src: float | None, arm: Arm, max_rows: int,
@@ -193,6 +191,22 @@ def decide_round(cands: list[dict], context: int, p_src: float | None, arm: Arm,
 
     With learners, the acceptance model prices (the fitted model only where the arm allows it);
     without, the head-based estimate with no offset. ``p_src`` None (no n-gram source): 0.5."""
+    priced, order, big_q = price_round(cands, context, p_src, arm, learners)
+    if arm.adaptive:
+        policy = learners.policy
+        dec = policy.decide(cands, order, context, policy.cost.d_now(), max_rows, big_q)
+        width, offered, prices, measure, favourite = dec.width, dec.offered, dec.prices, dec.measure, dec.favourite
+    else:
+        width, offered, prices, measure, favourite = min(arm.max_width, max_rows), [arm.max_width], None, None, None
+    width = min(width, len(cands) + 1)  # a tree with fewer candidates comes out narrower
+    return RoundDecision(priced, order, width, offered, prices, measure, favourite)
+
+
+def price_round(cands: list[dict], context: int, p_src: float | None, arm: Arm,
+                learners: Learners | None) -> tuple[str | None, list[int], list[float]]:
+    """Price every candidate (sets its ``q``) and order them best first: (which estimate priced,
+    the order, the path products Q). The first half of ``decide_round``; a batched step
+    (decode/batch.py) prices each request so and chooses the widths of all together."""
     priced = None
     if cands:
         p_src = 0.5 if p_src is None else p_src
@@ -204,15 +218,7 @@ def decide_round(cands: list[dict], context: int, p_src: float | None, arm: Arm,
         for c, q in zip(cands, qs):
             c["q"] = q
     big_q = tree.products([c["parent"] for c in cands], [c["q"] for c in cands])
-    order = tree.best_first(big_q)
-    if arm.adaptive:
-        policy = learners.policy
-        dec = policy.decide(cands, order, context, policy.cost.d_now(), max_rows, big_q)
-        width, offered, prices, measure, favourite = dec.width, dec.offered, dec.prices, dec.measure, dec.favourite
-    else:
-        width, offered, prices, measure, favourite = min(arm.max_width, max_rows), [arm.max_width], None, None, None
-    width = min(width, len(cands) + 1)  # a tree with fewer candidates comes out narrower
-    return RoundDecision(priced, order, width, offered, prices, measure, favourite)
+    return priced, tree.best_first(big_q), big_q
 
 
 def stop_cut(accepted: list[int], is_eog: Callable[[int], bool], budget: int) -> tuple[int, str | None]:
@@ -362,6 +368,7 @@ class Generation:
         self._t_start = 0.0  # the first round's start, the zero of the records' ``start``
         self._unsettled: RoundRecord | None = None  # the latest round, until it has learned
         self._closed = False
+        self.batched = False  # decoded together with other requests (decode/batch.py sets it)
 
     def __iter__(self) -> Iterator[list[int]]:
         """Round by round, each verified alone: propose and decide (``next_plan``), verify, and
@@ -394,7 +401,7 @@ class Generation:
         for source in self.proposers:
             source.begin(self.prompt)
         if self.learners is not None:
-            self.learners.start_request()
+            self.learners.start_request(self.request_id, alone=not self.batched)
 
     def close(self) -> None:
         """The request ends, however it ends (also when the consumer stops iterating): every
@@ -433,20 +440,36 @@ class Generation:
         """Propose (every source, in order) and decide (price, order, width): the tree to verify.
         ``room``: how many more tokens the context takes after the anchor. The previous round
         learns first (``settle``)."""
+        plan = self.propose(rnd, room)
+        self.use_learners()
+        return self.decided(plan, decide_round(plan.cand_dicts, plan.context, plan.p_src, self.arm,
+                                               plan.max_rows, self.learners))
+
+    def propose(self, rnd: int, room: int) -> RoundPlan:
+        """The round's candidates, undecided (the previous round learns first: ``settle``)."""
         self.settle()
         target, arm = self.target, self.arm
         t0 = self.clock()
         if rnd == 0:
             self._t_start = t0
-        context = target.n_past + 1  # committed tokens, the anchor included
         cands = propose_round(self.proposers, min(arm.max_width - 1, room - 1))
-        cand_dicts = [c.to_dict() for c in cands]
         p_src = self.ngram.p_src if self.ngram is not None else None
         # Cells: the committed prefix plus the verify's rows must fit the context.
         max_rows = max(1, min(arm.max_width, getattr(target, "max_width", tree.MAX_WIDTH), target.n_ctx - target.n_past))
-        decision = decide_round(cand_dicts, context, p_src, arm, max_rows, self.learners)
-        layout = tree.layout(target.anchor, cands, decision.chosen)  # rows depth first
-        return RoundPlan(rnd, t0, self.clock(), target.anchor, context, cands, cand_dicts, p_src, decision, layout)
+        return RoundPlan(rnd, t0, t0, target.anchor, target.n_past + 1, cands, [c.to_dict() for c in cands],
+                         p_src, max_rows)
+
+    def decided(self, plan: RoundPlan, decision: RoundDecision) -> RoundPlan:
+        """``plan`` with its decision and the rows to verify, depth first."""
+        plan.decision = decision
+        plan.layout = tree.layout(plan.anchor, plan.cands, decision.chosen)
+        plan.t_proposed = self.clock()
+        return plan
+
+    def use_learners(self) -> None:
+        """Decoded together with other requests, the learners' per-request state is this one's."""
+        if self.batched and self.learners is not None:
+            self.learners.use(self.request_id)
 
     def complete(self, plan: RoundPlan, ver: Verified) -> list[int]:
         """After the verify: walk the rows the target agrees with, commit the accepted path and the
@@ -518,6 +541,7 @@ class Generation:
 
     def _learn_and_log(self, rec: RoundRecord) -> None:
         if self.arm.learns:
+            self.use_learners()
             t0 = self.clock()
             self.learners.learn(rec)
             # No learner reads this field: it is filled after they learned, for the log's reader.

@@ -16,12 +16,11 @@ from adaspark_core.base.errors import InputError
 
 GGUF_MAGIC = b"GGUF"
 
-# FLASH_ATTN_NOTE: flash attention is off by default. Measured on the default model (2-core CPU,
-# llama-cpp-python 0.3.36): with it on, a row's logits change with the number of rows in the batch
-# (up to 1.7 logits), so a tree would not verify the same text as a chain, and a 16-row verify at
-# 1,500 tokens of context took 158 ms against 62 ms with it off. With it off, every batch of two
-# rows or more computes each row bit for bit as a one-batch re-score does (paper 3.5: only the
-# one-row kernel differs).
+# FLASH_ATTN_NOTE: flash attention is off by default. With it on, a row's logits change with the
+# number of rows in the batch, so a tree would not verify the same text as a chain (and on a CPU it
+# verifies slower; ARCHITECTURE.md, section 5). With it off, every batch of two rows or more
+# computes each row bit for bit as a one-batch re-score does (paper 3.5: only the one-row kernel
+# differs).
 MAX_SEQ = 256  # LLAMA_MAX_SEQ in the vendored llama.cpp
 UINT32_MAX = 2**32 - 1  # llama.cpp's context sizes are uint32_t
 

@@ -28,13 +28,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from adaspark_core.base import tree
 from adaspark_core.base.tree import NGRAM
 from adaspark_core.candidates.ngram import MEMORY
-from adaspark_core.decode.scheduler import Arm, RoundDecision, decide_round, parse_arm
+from adaspark_core.decode.batch import decide_step
+from adaspark_core.decode.scheduler import Arm, RoundDecision, RoundPlan, decide_round, parse_arm
 from adaspark_core.learn.acceptance import FITTED
 from adaspark_core.learn.chooser import expected_sums
 from adaspark_core.learn.learned import Learners
@@ -71,6 +73,8 @@ class Report:
     # (request, round) -> the chooser's own argmax without the margin, on its state before the
     # round (adaptive rounds it priced): what the regret account's "holding" is measured against.
     model_choices: dict = field(default_factory=dict)
+    # requests in a batched step -> widths of its learning rounds -> rounds (decode/batch.py)
+    batched: dict[int, Counter] = field(default_factory=lambda: defaultdict(Counter))
 
     def to_json(self) -> dict:
         """Every quantity of the report as plain JSON."""
@@ -97,6 +101,9 @@ class Report:
             },
             "calibration": self.calibration_json(),
             "ngram": self.ngram_json(),
+            "batched": {str(n): {"rounds": sum(c.values()), "mean_width": sum(w * k for w, k in c.items()) / sum(c.values()),
+                                 "widths": {str(w): k for w, k in sorted(c.items())}}
+                        for n, c in sorted(self.batched.items())},
         }
 
     def scored(self) -> list[RequestStats]:
@@ -162,7 +169,12 @@ def replay(records: Iterable[RoundRecord], learners: Learners | None = None,
     learners = learners or Learners()
     report = Report()
     req: RequestStats | None = None
-    for rec in records:
+    open_reqs: dict[str, RequestStats] = {}  # requests decoded together, by id
+    for group in _decided_together(records):
+        if group[0].step is not None:
+            _replay_step(group, learners, report, open_reqs, check)
+            continue
+        rec = group[0]
         arm = parse_arm(rec.arm)
         if not arm.learns:
             continue
@@ -194,6 +206,72 @@ def replay(records: Iterable[RoundRecord], learners: Learners | None = None,
             req.finish = rec.finish
         _observe(report, rec, arm, chooser_before, d_ms)
     return learners, report
+
+
+def _decided_together(records: Iterable[RoundRecord]) -> Iterator[list[RoundRecord]]:
+    """The records in the groups the live run decided them in: a round verified alone by itself,
+    a batched step's rounds together (consecutive in the log: a step's rounds are all learned and
+    logged before the next step decides)."""
+    group: list[RoundRecord] = []
+    for rec in records:
+        if group and (rec.step is None or group[0].step is None or _step_key(rec) != _step_key(group[0])):
+            yield group
+            group = []
+        group.append(rec)
+    if group:
+        yield group
+
+
+def _step_key(rec: RoundRecord) -> tuple:
+    return rec.step.get("batch"), rec.step["id"]
+
+
+def _replay_step(group: list[RoundRecord], learners: Learners, report: Report,
+                 open_reqs: dict[str, RequestStats], check: bool) -> None:
+    """A batched step: every learning round decided as the step decided them (``decide_step``, in
+    the requests' order, each regime's apart), then learned from in the log's order."""
+    group = [rec for rec in group if parse_arm(rec.arm).learns]
+    if not group:
+        return
+    for rec in group:  # requests that begin in this step begin before the step decides
+        regime = learners.regime(rec.sampling is not None)
+        if rec.first:
+            regime.start_request(rec.request, alone=False)
+            open_reqs[rec.request] = RequestStats(rec.request, sampled=rec.sampling is not None)
+            report.requests.append(open_reqs[rec.request])
+    ordered = sorted(group, key=lambda r: r.step["index"])
+    priced_of: dict[int, list[dict]] = {}
+    for sampled in (False, True):
+        recs = [r for r in ordered if (r.sampling is not None) == sampled]
+        if not recs:
+            continue
+        regime = learners.regime(sampled)
+        plans = [RoundPlan(r.round, 0.0, 0.0, r.anchor, r.context, [], [dict(c) for c in r.candidates], r.p_src,
+                           r.step["max_rows"]) for r in recs]
+        decisions = decide_step(plans, [parse_arm(r.arm) for r in recs], regime, recs[0].step["cells"],
+                                lambda k, recs=recs, regime=regime: regime.use(recs[k].request))
+        for r, plan, dec in zip(recs, plans, decisions):
+            if check:
+                _check(r, plan.cand_dicts, dec)
+            priced_of[id(r)] = plan.cand_dicts
+    for rec in group:
+        regime = learners.regime(rec.sampling is not None)
+        regime.use(rec.request)
+        req = open_reqs[rec.request]
+        req.rounds += 1
+        req.tree_rounds += bool(rec.candidates)
+        req.fitted_rounds += bool(rec.candidates) and rec.priced == FITTED
+        chooser_before = copy.copy(regime.policy.chooser)
+        d_ms = regime.policy.cost.d_now()
+        score = regime.learn(dataclasses.replace(rec, candidates=priced_of[id(rec)]))
+        req.nodes += score.nodes
+        req.head_loss += score.head_loss
+        req.fitted_loss += score.fitted_loss
+        if rec.last:
+            req.finish = rec.finish
+            open_reqs.pop(rec.request, None)
+        report.batched[rec.step["requests"]][rec.width] += 1
+        _observe(report, rec, parse_arm(rec.arm), chooser_before, d_ms)
 
 
 def _max_rows(rec: RoundRecord, arm: Arm) -> int:
@@ -245,7 +323,7 @@ def _observe(report: Report, rec: RoundRecord, arm, chooser, d_ms: float) -> Non
     if s is None:
         return
     report.calibration.append((s, len(rec.path)))
-    if has_ngram:
+    if has_ngram and rec.step is None:  # a batched round's prices are its step's
         # The same decision with the n-gram candidates priced at zero (they and every node below
         # them drop to the end of the order), on the chooser as it was before this round.
         zq = [0.0 if c["source"] == NGRAM else c["q"] for c in cands]

@@ -13,12 +13,10 @@ per parent over all its candidates, placed in the tree or not, plus the explicit
 psi is the context term (and, for drafter candidates, a depth term). w_bucket is the weight of the
 node's bucket (kind, evidence bin, n-gram nodes above: ngram.bucket) plus, beyond the paper, the
 weights of its two margins (kind and evidence; kind and nodes above), which pool what buckets of a
-kind share: a bucket alone learns only from its own labels, and on a real run of the default model
-(16 ConvFinQA replies) the joint buckets alone left realised over expected accepted nodes at 1.32,
-with the margins 1.15. A drafter candidate the n-gram
-source also proposed (agreed) adds max(0, logit p_src) and its agreed bucket's weight; one whose
-parent has a different n-gram proposal (contradicted) subtracts max(0, logit p_src) and adds its
-contradiction bucket's weight.
+kind share: a bucket alone learns only from its own labels, too few to price it well
+(ARCHITECTURE.md, section 5). A drafter candidate the n-gram source also proposed (agreed) adds
+max(0, logit p_src) and its agreed bucket's weight; one whose parent has a different n-gram
+proposal (contradicted) subtracts max(0, logit p_src) and adds its contradiction bucket's weight.
 
 Learning: every coefficient starts from a prior derived from the features' definitions (pick
 ln 2 + logit h, sibling log r, everything else 0: with the siblings' r summing to 1 this prices a
@@ -46,7 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from adaspark_core.base.checks import VERSION_FIELD, count, fields, section
 from adaspark_core.base.tree import ANCHOR, NGRAM, P_CLIP, PICK, head_q, hindsight_path, logit
@@ -89,11 +87,9 @@ class AcceptParams:
 
 # The prior of every drafter coefficient (paper 3.3, "Learning"); every other weight starts at 0.
 # a7, the n-gram's slope on logit p_src, starts at the paper's fixed 1 but learns (beyond the
-# paper): p_src is the source's precision over every position it predicted, and on a CPU run of
-# the default model, in replies whose prompt gave little to copy (p_src 0.32), the nodes it did
-# offer were accepted 69% of the time while the fixed slope priced them at 30%, so the chooser
-# verified one row where chain:3 gained; the bucket weights cannot fix that, they are shared with
-# requests of high p_src.
+# paper): p_src is the source's precision over every position it predicted, so where the prompt
+# gives little to copy the fixed slope underprices the nodes the source does offer, and the bucket
+# weights, shared with requests of high p_src, cannot fix that (ARCHITECTURE.md, section 5).
 PRIOR = {"a0": math.log(2.0), "a1": 1.0, "a4": 1.0, "a7": 1.0}
 
 
@@ -168,8 +164,25 @@ class RoundScore:
     fitted_loss: float = 0.0
 
 
+@dataclass
+class RequestFit:
+    """What belongs to one request: its intercept and offset (Eq. 6's per-request terms), its last
+    estimate, and its rounds waiting for the committed text to label them (hindsight labels) with
+    the tokens committed since the oldest. Not stored: a request ends before a save."""
+
+    intercept: AdaGradScalar
+    offset: AdaGradScalar
+    last: tuple | None = None
+    pending: list = field(default_factory=list)
+    committed: list = field(default_factory=list)
+
+
 class AcceptanceModel:
-    """Eq. 6, its learning, the head-based estimate and the guard between them."""
+    """Eq. 6, its learning, the head-based estimate and the guard between them.
+
+    One request at a time, ``start_request`` begins each. Requests decoded together (a batch)
+    each have a RequestFit of their own: ``start_request(id, alone=False)`` opens one beside the
+    others and ``use(id)`` selects the one the next estimate and learn are for."""
 
     VERSION = 1  # of its section (state)
 
@@ -177,27 +190,50 @@ class AcceptanceModel:
         self.p = p = params or AcceptParams()
         self.coef = FTRL(alpha=p.coef_rate, beta=p.coef_beta, l2=p.coef_l2, n_cap=p.n_cap, gate=p.gate, center=PRIOR)
         self.buckets = FTRL(alpha=p.bucket_rate, beta=p.coef_beta, l2=p.coef_l2, n_cap=p.n_cap, gate=p.gate)
-        self.intercept = AdaGradScalar(p.intercept_rate, p.intercept_band, p.intercept_cap)
-        self.offset = AdaGradScalar(p.offset_rate, p.offset_band)
         # Decayed summed node losses over labelled parents; y counts the labelled nodes.
         self.guard_head = Decayed(p.guard_half_life)
         self.guard_fitted = Decayed(p.guard_half_life)
         self.requests = 0
-        self._last: tuple[list[dict], Estimates] | None = None
-        # Rounds of the current request waiting for their continuation (hindsight labels), and the
-        # tokens committed since the oldest of them. Not stored: a request ends before a save.
-        self._pending: list[tuple] = []
-        self._committed: list[int] = []
+        self.fit = self._new_fit()  # the current request's
+        self._fits: dict[str, RequestFit] = {}  # every open request's, by request id
 
     # --- per request ---
 
-    def start_request(self) -> None:
-        """The intercept and the offset restart with each request; the coefficients persist.
-        A request that stopped before its last round learns what its text labelled first."""
-        self._resolve(everything=True)
-        self.intercept.reset()
-        self.offset.reset()
+    def _new_fit(self) -> RequestFit:
+        p = self.p
+        return RequestFit(AdaGradScalar(p.intercept_rate, p.intercept_band, p.intercept_cap),
+                          AdaGradScalar(p.offset_rate, p.offset_band))
+
+    @property
+    def intercept(self) -> AdaGradScalar:
+        return self.fit.intercept
+
+    @property
+    def offset(self) -> AdaGradScalar:
+        return self.fit.offset
+
+    def start_request(self, request: str = "", alone: bool = True) -> None:
+        """A request begins with its own intercept and offset; the coefficients persist. A request
+        that stopped before its last round first learns what its text labelled: every open one
+        when this request is decoded ``alone``, else only an earlier one of the same id."""
+        if alone:
+            for fit in [self.fit, *self._fits.values()]:
+                self._resolve(everything=True, fit=fit)
+            self._fits.clear()
+        elif request in self._fits:
+            self._resolve(everything=True, fit=self._fits.pop(request))
+        self.fit = self._fits[request] = self._new_fit()
         self.requests += 1
+
+    def use(self, request: str) -> None:
+        """The next estimates and learning are for ``request`` (begun with ``start_request``)."""
+        self.fit = self._fits[request]
+
+    def end_request(self, request: str) -> None:
+        """``request`` ended: what it still waits for is labelled by its text so far; its fit goes."""
+        fit = self._fits.pop(request, None)
+        if fit is not None:
+            self._resolve(everything=True, fit=fit)
 
     # --- est ---
 
@@ -212,7 +248,7 @@ class AcceptanceModel:
         tree: the fitted model where the guard prefers it, unless not ``fitted_allowed`` (the
         ``cost`` arm: the head-based estimate always; the model still learns, so the guard's
         record is the same either way)."""
-        b_req, off = self.intercept.value, self.offset.value
+        b_req, off = self.fit.intercept.value, self.fit.offset.value
         wc, wb = self.coef.weight, self.buckets.weight
         ctx, lp = math.log(max(context, 1) / self.p.context_unit), logit(p_src)
         lg = functools.lru_cache(maxsize=None)(logit)  # one block's siblings share h and sigma
@@ -239,7 +275,7 @@ class AcceptanceModel:
             for j, ej in zip(group, e):
                 fitted[j] = ej / denom
         est = Estimates(fitted, head, FITTED if fitted_allowed and self.fitted_wins else HEAD, kids, ctx, lp)
-        self._last = (cands, est)
+        self.fit.last = (cands, est)
         return est
 
     @staticmethod
@@ -265,43 +301,46 @@ class AcceptanceModel:
         continuation, so they label the children of every node on the path a verify of every
         candidate would have accepted (``tree.hindsight_path``, width invariance, paper 3.5). A
         chain verified three deep then also teaches its nodes 4 to 32 deep, which a CPU verifies
-        rarely: before, those buckets learned only from the wide rounds their own price allowed
-        (on a 96-token-capped bench log the deep copy nodes were accepted 0.97-0.98 of the time
-        and priced at 0.90, which halves the expected length of a 20-node copy). The paper's
-        exploration, a row every 16th round for the least-labelled bucket's frontier node, existed
-        to label nodes whose parents were never verified; hindsight labels every such node whose
+        rarely: before, those buckets learned only from the wide rounds their own price allowed,
+        and stayed underpriced (ARCHITECTURE.md, section 5). The paper's exploration, a row
+        every 16th round for the least-labelled bucket's frontier node, existed to label nodes
+        whose parents were never verified; hindsight labels every such node whose
         parent was on the true path at no verify cost, so it is gone. Delayed labels are scored
         and learned with the q of their round's start, as the verified ones are, but they leave
         the request's intercept and offset alone: they come in bursts of correlated nodes from
-        one passage, long after the rounds they speak of (on trace simulations of the bench
-        workload, letting them move the intercept cost 3%)."""
+        one passage, long after the rounds they speak of (letting them move the intercept cost
+        speed: ARCHITECTURE.md, section 5)."""
         cands = rec.candidates
         score = RoundScore()
-        if self._pending and self._pending[0][0].request != rec.request:
+        fit = self.fit
+        if fit.pending and fit.pending[0][0].request != rec.request:
             self._resolve(everything=True)  # a request that ended without its last round
         if cands:
-            if self._last is not None and self._last[0] is cands:
-                est = self._last[1]
+            if fit.last is not None and fit.last[0] is cands:
+                est = fit.last[1]
             else:
                 est = self.estimate(cands, rec.context, rec.p_src if rec.p_src is not None else 0.5)
-            self._last = None
+            fit.last = None
             row_of = {j: r for r, j in enumerate(rec.rows)}  # the anchor's row is ANCHOR -> 0
             labelled = [(parent, rec.argmax[row_of[parent]]) for parent in [ANCHOR, *rec.path]]
             self._label(cands, est, labelled, score)
             depth = max(c["depth"] for c in cands)
             if depth > len(rec.path) + 1:  # nodes below the verified labels: wait for the text
-                self._pending.append((rec, est, len(self._committed)))
-        if self._pending:
-            self._committed += [cands[j]["token"] for j in rec.path] + [rec.bonus]
+                fit.pending.append((rec, est, len(fit.committed)))
+        if fit.pending:
+            fit.committed += [cands[j]["token"] for j in rec.path] + [rec.bonus]
         self._resolve(everything=rec.last)
+        if rec.last and self._fits.get(rec.request) is fit:
+            del self._fits[rec.request]  # the request ended: nothing of it is left to learn
         return score
 
-    def _resolve(self, everything: bool) -> None:
+    def _resolve(self, everything: bool, fit: RequestFit | None = None) -> None:
         """Learn the hindsight labels of the waiting rounds whose continuation is known (all of
         them when the request ends), oldest first."""
+        fit = fit or self.fit
         done = 0
-        for rec, est, start in self._pending:
-            cont = self._committed[start:]
+        for rec, est, start in fit.pending:
+            cont = fit.committed[start:]
             cands = rec.candidates
             if len(cont) < max(c["depth"] for c in cands) and not everything:
                 break
@@ -311,9 +350,9 @@ class AcceptanceModel:
             # (and of its last node, by the bonus) already learned in learn().
             self._label(cands, est, [(path[i], cont[i + 1]) for i in range(len(rec.path), len(path))
                                   if i + 1 < len(cont)], RoundScore(), per_request=False)
-        del self._pending[:done]
-        if not self._pending:
-            self._committed = []
+        del fit.pending[:done]
+        if not fit.pending:
+            fit.committed = []
 
     def _label(self, cands: list[dict], est: Estimates, labelled: list[tuple[int, int]], score: RoundScore,
                per_request: bool = True) -> None:
@@ -350,8 +389,8 @@ class AcceptanceModel:
             self.coef.update(g_coef)
             self.buckets.update(g_bucket)
             if per_request:
-                self.intercept.update(g_req)
-                self.offset.update(g_off)
+                self.fit.intercept.update(g_req)
+                self.fit.offset.update(g_off)
 
     # --- persistence (the intercept and offset are per request and not stored) ---
 

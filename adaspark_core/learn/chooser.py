@@ -15,13 +15,11 @@ Why L, and why no gains: Eq. 7 values a round alone, as if the nodes it leaves u
 lost. They are not: when a verify of the first m nodes of a chain accepts them all and the target's
 next token is node m + 1, the next round starts on the rest of the chain and chooses again, knowing
 the first m were right. So a narrow verify of a long chain keeps an option a wide one spends, and a
-myopic V prefers wide trees whose deep nodes are often wasted (on this project's CPU a 32-row
-verify costs eight 1-row ones). The paper's gains, learned from realised over predicted tokens,
-damp that bias by scaling the deep part of S down; with L the bias is gone at its source and the
-gains (which then damp twice) only cost. On traces of the bench workload replayed on a virtual
-clock with measured verify times (``adaspark simulate``, 85 replies, first-N ratio over ar): gains
-without L 1.40x (96-token replies) and 1.74x (256), L without gains 1.42x and 1.82x, both 1.20x
-and 1.79x; chain:3 1.44x and 1.68x.
+myopic V prefers wide trees whose deep nodes are often wasted (on a CPU a wide verify costs
+several narrow ones). The paper's gains, learned from realised over predicted tokens, damp that
+bias by scaling the deep part of S down; with L the bias is gone at its source and the gains
+(which then damp twice) only cost: on trace simulations of the bench workload L alone beats
+gains alone and the two together (ARCHITECTURE.md, section 5).
 
 ``AdaptiveWidth`` joins the cost model and the chooser into what a round asks: which width to
 verify, given the round's candidates; and what to learn from the round's record. Each of the
@@ -125,9 +123,9 @@ class Lookahead:
     A spine cut at the chain depth limit goes on: the chain is re-read from every new anchor, so
     its end is where this round stopped looking, not where the copy ends. It is valued as if it
     went on for as many nodes again at its last node's q. (Taken as ended, the end's distance
-    shaped every choice: on sampled copy-heavy runs a 32-node chain of q 0.97 was verified one
-    row a round for 22 rounds, because a round that starts one node later fits the width ladder
-    better, and every round saw the same end one node further on.)"""
+    shapes every choice: a long, likely chain is verified one row a round, because a round that
+    starts one node later fits the width ladder better, and every round sees the same end one
+    node further on; ARCHITECTURE.md, section 5.)"""
 
     def __init__(self, cands: list[dict], order: list[int], prices: dict[int, float], rho: float, d: float):
         self.qs, self.held, cut = spine(cands, order)
@@ -297,6 +295,50 @@ class AdaptiveWidth:
                 self.chooser.held = 0
         return Decision(width, list(prices), list(prices.values()), None, favourite)
 
+    def decide_step(self, rounds: list[tuple[list[int], list[float]]], cells: int, d_ms: float,
+                    max_rows: list[int]) -> list[Decision]:
+        """The widths of the requests of one step, verified together (decode/batch.py), from each
+        request's (best-first order, path products Q) and its most rows.
+
+        Every request gets its anchor row. A row beyond adds its candidate's Q to the step's
+        expected tokens (Proposition 1 over the union of the trees), so the rows beyond go to the
+        highest Q across all requests, and the step's total is the measured class width with the
+        most expected tokens per millisecond of the whole step, D + T(rows, cells): T is the cost
+        model's price at the step's cells, since every row attends every request's cells. So a
+        request's rows cost what they add to the step, and widths shrink as the step fills. A
+        class width not measured yet is measured as a lone round's is (the narrowest the step
+        can fill while nothing is priced, else one that could win at the price of the widest
+        measured narrower class). No hysteresis, no lookahead: the step's mix changes every step."""
+        n = len(rounds)
+        gains = sorted(((big_q[j], i, k) for i, (order, big_q) in enumerate(rounds)
+                        for k, j in enumerate(order[: max(max_rows[i] - 1, 0)])),
+                       key=lambda g: (-g[0], g[1], g[2]))
+        fill = n + len(gains)
+        prices = {w: t for w, t in self.cost.prices(cells).items() if w >= n}
+        offered = [w for w in self.cost.widths if w >= n]
+
+        def value(total: int, price: float) -> float:
+            return (n + sum(g[0] for g in gains[: max(min(total, fill) - n, 0)])) / (d_ms + price)
+
+        best = max(prices, key=lambda w: value(w, prices[w]), default=None)
+        measure = None
+        for m in self.cost.unmeasured():
+            if m < n:
+                continue
+            if m > fill:
+                break
+            below = [w for w in prices if w < m]
+            if best is None or (below and value(m, prices[below[-1]]) > value(best, prices[best])):
+                measure = m
+                break
+        total = measure if measure is not None else (min(best, fill) if best is not None else n)
+        widths = [1] * n
+        for _, i, _ in gains[: total - n]:
+            widths[i] += 1
+        if measure is not None or best is None:
+            return [Decision(w, offered, None, measure) for w in widths]
+        return [Decision(w, list(prices), list(prices.values()), None) for w in widths]
+
     def _worth_measuring(self, prices: dict[int, float], s: list[float], ahead: Lookahead | None, fill: int,
                          d_ms: float, context: int, max_rows: int) -> int | None:
         """The width this round measures, if any (cold start or a new split, narrowest first).
@@ -305,9 +347,10 @@ class AdaptiveWidth:
         width is measured only in a round whose candidates fill it and that could win there even
         at an optimistic price: what the widest measured narrower width costs (a width costs at
         least that much on every kernel we know). On a CPU a wide verify costs several narrow
-        ones, and measuring the ladder in whatever rounds came next spent a quarter of a cold
-        run's verify time on trees of junk. A width no round makes plausible is never measured
-        and never offered. With nothing measured yet the narrowest fillable width is measured."""
+        ones, so measuring the ladder in whatever rounds come next wastes a cold run's verify
+        time on trees of junk (ARCHITECTURE.md, section 5). A width no round makes plausible is
+        never measured and never offered. With nothing measured yet the narrowest fillable width
+        is measured."""
         for m in self.cost.unmeasured():
             if m > min(max_rows, fill):
                 return None
@@ -321,7 +364,12 @@ class AdaptiveWidth:
         return None
 
     def learn(self, rec) -> None:
-        self.cost.learn(rec)
+        """The cost model learns a lone round, or a step from its lead record (RoundRecord.as_step:
+        all its rows over all its cells, once); the chooser each request's own rate."""
+        if rec.step is None:
+            self.cost.learn(rec)
+        elif rec.step["lead"]:
+            self.cost.learn(rec.as_step())
         self.chooser.learn(rec)
 
     def state(self) -> dict:

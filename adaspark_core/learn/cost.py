@@ -221,8 +221,7 @@ class WidthClass:
         # paper's: a restart then continues exactly where it stopped, and a replayed log
         # reproduces the live state. Per band, unlike the paper's one window: a level measured at
         # one context corrects the law's error there, which at another context is another error
-        # (on the simulated CPU curves a class that ran at 3,200 tokens kept a level 22% high at
-        # 1,600, priced itself out, and the chooser settled on plain decoding for good).
+        # (one window can price a class out for good: ARCHITECTURE.md, section 5).
         self.level: dict[int, deque[float]] = {}
         self.level_window = p.level_window
         self.d_ref = 0.0  # D when last measured

@@ -66,10 +66,15 @@ class Learners:
             self.sampled = Learners(copy.deepcopy(self.policy), copy.deepcopy(self.acceptance))
         return self.sampled
 
-    def start_request(self) -> None:
+    def start_request(self, request: str = "", alone: bool = True) -> None:
         """A request begins: the per-request state restarts (the acceptance model's intercept
-        and offset); what persists across requests stays."""
-        self.acceptance.start_request()
+        and offset); what persists across requests stays. Requests decoded together (not
+        ``alone``) each keep their own, selected by ``use``."""
+        self.acceptance.start_request(request, alone)
+
+    def use(self, request: str) -> None:
+        """The next decision and learning step are for ``request`` (of several decoded together)."""
+        self.acceptance.use(request)
 
     def learn(self, rec) -> RoundScore:
         """Both learners learn from one round's record, the width policy first (the order the

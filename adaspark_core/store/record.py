@@ -9,7 +9,7 @@ functions, the i-th of which turns a schema-(i+1) line into a schema-(i+2) line.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -19,7 +19,7 @@ from adaspark_core.base.errors import OutputError
 from adaspark_core.base.files import open_log
 from adaspark_core.base.schema import apply_upgrades
 
-SCHEMA = 5
+SCHEMA = 6
 
 # Append-only: UPGRADES[i] maps a dict of schema i+1 to schema i+2. Never edit an entry.
 UPGRADES: list[Callable[[dict], dict]] = [
@@ -32,6 +32,8 @@ UPGRADES: list[Callable[[dict], dict]] = [
     # 4 -> 5: no ``reach`` (the most rows the round's sources could fill): no learner reads it (a
     # measuring round verifies the width it measures, so the cost model never moves a width to it).
     lambda d: {k: v for k, v in d.items() if k != "reach"},
+    # 5 -> 6: rounds verified together with other requests' carry their ``step``.
+    lambda d: {**d, "step": None},
 ]
 
 
@@ -86,11 +88,26 @@ class RoundRecord:
     # A sampled request's settings (temperature, top_k, top_p, min_p) and its seed: the round
     # belongs to the sampled regime's learners (learned.Learners.regime); None: greedy.
     sampling: dict | None = None
+    # A round verified together with other requests' rounds (decode/batch.py): the step's
+    # ``id`` (a counter of its batch), ``requests`` in it, its ``rows`` and ``cells`` (every
+    # request's context: each row attends them all), its ``draft`` time (every request's
+    # proposing and pricing), ``max_rows`` (this request's bound), ``lead`` (the step's first
+    # record, which carries the step's cost to the cost model) and ``last`` (a request ended in
+    # it). None: verified alone.
+    step: dict | None = None
     schema: int = field(default=SCHEMA)
+
+    def as_step(self) -> "RoundRecord":
+        """The step this record leads, as one round of all its rows over all its cells: what the
+        verify-cost model learns from (its time is the step's)."""
+        s = self.step
+        return replace(self, width=s["rows"], context=s["cells"], first=False, last=s["last"],
+                       times=replace(self.times, draft=s["draft"]))
 
     def to_json(self) -> dict:
         """A shallow dict for orjson: the record's own lists and dicts are shared, not copied
-        (``dataclasses.asdict`` deep-copies every candidate, 2 ms a round on a wide tree)."""
+        (``dataclasses.asdict`` deep-copies every candidate, too slow per round: ARCHITECTURE.md,
+        section 5)."""
         d = {f: getattr(self, f) for f in _RECORD_FIELDS}
         d["times"] = {**{f: getattr(self.times, f) for f in _TIMING_FIELDS}, "total": self.times.total}
         return d
