@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.adaspark-installed
 PROMPTS := fixtures/prompts
 
-.PHONY: setup demo test lint test-fast bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ttft bench-ngram bench-drafters bench-memory bench-step fixture-log clean
+.PHONY: setup demo test lint test-fast bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ttft bench-ngram bench-drafters bench-memory bench-step bench-load fixture-log clean
 .PHONY: peer
 
 # ggml for this CPU, but never with AMX: some virtual machines advertise AMX yet trap its first
@@ -71,6 +71,10 @@ bench-quant: setup
 
 bench-host: setup
 	$(BIN)/python -m benchmarks.bench host
+
+# Many clients at once over loopback: llama-server -np C against adaspark serve --parallel C.
+bench-load: setup peer
+	$(BIN)/python -m benchmarks.bench load --clients 1,2,4,8
 
 # What one step of batched requests costs by slots and rows, against a lone target's verify.
 bench-step: setup

@@ -43,7 +43,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from adaspark_core.base.errors import InputError
 from adaspark_core.decode.runtime import Runtime
 from adaspark_core.serve import openai_api as api
-from adaspark_core.serve.service import Reply, keep, serve_request
+from adaspark_core.serve.service import BatchServer, Reply, keep, serve_request
 from adaspark_core.store.record import LogWriteError
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
@@ -83,10 +83,13 @@ class Job:
 
 
 class Decoder:
-    """The decoding thread and its bounded queue."""
+    """The decoding thread and its bounded queue. With several slots (``--parallel``) the thread
+    decodes up to that many requests together, a step at a time, and takes the next waiting
+    request into a slot as soon as one frees."""
 
     def __init__(self, rt: Runtime, queue_size: int, warn):
         self.rt = rt
+        self.parallel = len(rt.slots)
         self.queue_size = queue_size
         self.warn = warn
         self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
@@ -94,22 +97,23 @@ class Decoder:
         self.pending = 0  # jobs queued or running
         self.served = 0
         self.stopping = False
-        self.thread = threading.Thread(target=self._work, name="adaspark-decoder", daemon=True)
+        work = self._work if self.parallel == 1 else self._work_together
+        self.thread = threading.Thread(target=work, name="adaspark-decoder", daemon=True)
         self.thread.start()
 
     def submit(self, job: Job) -> None:
         with self.lock:
             if self.stopping:
                 raise api.APIError(503, "the server is shutting down", "server_error", code="shutting_down")
-            if self.pending > self.queue_size:
-                raise api.APIError(503, f"the server is busy: one request decoding and {self.queue_size} waiting; "
+            if self.pending >= self.parallel + self.queue_size:
+                raise api.APIError(503, f"the server is busy: {self.parallel} decoding and {self.queue_size} waiting; "
                                         "retry later", "server_error", code="queue_full")
             self.pending += 1
         self.jobs.put(job)
 
     @property
     def queued(self) -> int:
-        return max(0, self.pending - 1)
+        return max(0, self.pending - self.parallel)
 
     def stop(self) -> None:
         """Shutdown: the running reply ends after its round, waiting ones are refused."""
@@ -144,22 +148,88 @@ class Decoder:
                 with self.lock:
                     self.pending -= 1
 
+    def _work_together(self) -> None:
+        """Up to ``parallel`` requests decoded together (BatchServer): between steps, waiting jobs
+        take the free slots (blocking only while nothing decodes); after each step, every reply
+        that ended is answered and its slot freed."""
+        server = BatchServer(self.rt, self.warn)
+        jobs: dict[str, Job] = {}
+        closing = False
+        while not closing or server.active:
+            while not closing and not server.full:
+                try:
+                    job = self.jobs.get(block=not server.active)
+                except queue.Empty:
+                    break
+                if job is None:
+                    closing = True
+                elif self._admit(server, job):
+                    jobs[job.name] = job
+            if not server.active:
+                continue
+            try:
+                ended = server.step()
+            except Exception as e:  # a bug: every running request gets 500, and serving goes on
+                traceback.print_exc()
+                error = api.APIError(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+                ended = []
+                for job in jobs.values():
+                    job.emit("error", error)
+                    self._done()
+                jobs.clear()
+                server.close()
+            for name, reply in ended:
+                jobs.pop(name).emit("done", reply)
+                self.served += 1
+                self._done()
+
+    def _admit(self, server: BatchServer, job: Job) -> bool:
+        """Start ``job`` in a free slot; False (the job answered) if it is not to be decoded."""
+        try:
+            if self.stopping:
+                raise api.APIError(503, "the server is shutting down", "server_error", code="shutting_down")
+            if job.cancelled:
+                self._done()
+                return False
+            prompt, max_tokens = self._prompt(job)
+            req = job.req
+            server.admit(prompt, max_tokens, job.name, stops=req.stops, sampling=req.sampling,
+                         on_text=(lambda text: job.emit("text", text)) if req.stream else None,
+                         cancelled=lambda: job.cancelled or self.stopping)
+            return True
+        except InputError as e:
+            job.emit("error", api.APIError(400, str(e)))
+        except api.APIError as e:
+            job.emit("error", e)
+        self._done()
+        return False
+
+    def _done(self) -> None:
+        with self.lock:
+            self.pending -= 1
+
+    def _prompt(self, job: Job) -> tuple[list[int], int]:
+        """The request's prompt tokens and token budget, or the APIError that refuses it."""
+        rt, req = self.rt, job.req
+        if req.chat:
+            prompt = rt.chat(req.messages)
+        else:
+            prompt = list(req.prompt) if isinstance(req.prompt, list) else rt.tokens(req.prompt)
+        n_ctx = rt.target.n_ctx
+        if len(prompt) >= n_ctx:
+            raise api.APIError(400, f"the prompt has {len(prompt)} tokens; the context holds {n_ctx} "
+                                    "(start the server with a larger --n-ctx)",
+                               param="messages" if req.chat else "prompt", code="context_length_exceeded")
+        if not req.chat and isinstance(req.prompt, list) and max(prompt) >= rt.target.n_vocab:
+            raise api.bad("prompt", f"token id {max(prompt)} is outside the vocabulary ({rt.target.n_vocab})")
+        return prompt, req.max_tokens or n_ctx
+
     def _decode(self, job: Job) -> Reply:
         rt, req = self.rt, job.req
         try:
-            if req.chat:
-                prompt = rt.chat(req.messages)
-            else:
-                prompt = list(req.prompt) if isinstance(req.prompt, list) else rt.tokens(req.prompt)
-            n_ctx = rt.target.n_ctx
-            if len(prompt) >= n_ctx:
-                raise api.APIError(400, f"the prompt has {len(prompt)} tokens; the context holds {n_ctx} "
-                                        "(start the server with a larger --n-ctx)",
-                                   param="messages" if req.chat else "prompt", code="context_length_exceeded")
-            if not req.chat and isinstance(req.prompt, list) and max(prompt) >= rt.target.n_vocab:
-                raise api.bad("prompt", f"token id {max(prompt)} is outside the vocabulary ({rt.target.n_vocab})")
+            prompt, max_tokens = self._prompt(job)
             return serve_request(
-                rt, prompt, req.max_tokens or n_ctx, name=job.name, stops=req.stops,
+                rt, prompt, max_tokens, name=job.name, stops=req.stops,
                 sampling=req.sampling,
                 # a whole response needs no pieces: waking the event loop every round costs the decode
                 on_text=(lambda text: job.emit("text", text)) if req.stream else None,
@@ -458,8 +528,9 @@ def run(rt: Runtime, sock: socket.socket, queue_size: int, default_temperature: 
                                                    refused=_Refused(limits.max_connections, warn)))
     server = _Server(config, decoder)
     host, port = sock.getsockname()[:2]
+    together = "one decode at a time" if decoder.parallel == 1 else f"{decoder.parallel} requests decoded together"
     print(f"adaspark serve: listening on {url(host, port)} ({model_id}, arm {rt.arm.name}"
-          f"{', store ' + str(rt.store.path) if rt.store else ''}; one decode at a time, {queue_size} may wait; "
+          f"{', store ' + str(rt.store.path) if rt.store else ''}; {together}, {queue_size} may wait; "
           f"at most {limits.max_connections} connections, bodies up to {_mb(limits.max_body)})",
           file=sys.stderr, flush=True)
     try:

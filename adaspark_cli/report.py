@@ -57,6 +57,11 @@ def replay_tables(r: dict) -> str:
         ["rounds with n-gram candidates", ng["rounds_with_ngram"]],
         ["of those, rounds the n-gram widened the verify", _pct(ng["widened_share"])],
     ], tablefmt="plain", disable_numparse=True))
+    if r.get("batched"):  # requests decoded together (serve --parallel): widths by load
+        out.append("\nRounds verified together, by requests in their step")
+        out.append(tabulate([[n, b["rounds"], _f(b["mean_width"], ".2f"),
+                              " ".join(f"{w}:{k}" for w, k in b["widths"].items())] for n, b in r["batched"].items()],
+                            ["requests", "rounds", "mean width", "widths (rows:rounds)"], disable_numparse=True))
     return "\n".join(out) + "\n"
 
 

@@ -31,7 +31,11 @@ def serve(
     log: Optional[Path] = console.LOG,
     n_ctx: Optional[int] = console.N_CTX,
     threads: Optional[int] = console.THREADS,
-    queue_size: int = typer.Option(8, "--queue", min=0, help="Requests that may wait while one decodes; the next gets 503."),
+    parallel: int = typer.Option(1, "--parallel", "-np", min=1, max=64,
+                                 help="Requests decoded together (llama-server's -np): each in a slot of --n-ctx "
+                                      "tokens, one llama_decode a step holding every request's tree, the widths "
+                                      "chosen for the whole step. llama.cpp models only, no --drafter."),
+    queue_size: int = typer.Option(8, "--queue", min=0, help="Requests that may wait while the slots decode; the next gets 503."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, max=2.0,
                                       help="For requests that set none. 0: greedy, with speculation; above 0: "
                                            "sampled, with speculation that never changes the sample."),
@@ -49,7 +53,8 @@ def serve(
                                               "opening or its previous reply; then it is closed (slow clients "
                                               "cannot hold it)."),
 ) -> None:
-    """Serve the model over HTTP with OpenAI's API, one decode at a time, learning while it serves.
+    """Serve the model over HTTP with OpenAI's API, learning while it serves: one decode at a time,
+    or --parallel N requests decoded together.
     Point any OpenAI client at http://HOST:PORT/v1 (any API key)."""
     try:
         from adaspark_cli import http_app
@@ -60,7 +65,7 @@ def serve(
         sock = http_app.listen(host, port, max_connections)
         try:
             rt = Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter, block=block,
-                                            draft_top_k=draft_top_k, reuse_prefix=reuse_prefix),
+                                            draft_top_k=draft_top_k, reuse_prefix=reuse_prefix, parallel=parallel),
                               Speculation.of(arm, memory_mb=memory_mb), store=store, log=log)
         except BaseException:
             sock.close()

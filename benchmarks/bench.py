@@ -4,6 +4,7 @@
     python -m benchmarks.bench quant [--json]
     python -m benchmarks.bench memory [--tokens N] [--rounds K]
     python -m benchmarks.bench step [--context C]
+    python -m benchmarks.bench load [--clients 1,4] [--requests N] [--repeats K]
 
 ``smoke`` decodes three bundled prompts (one copy-heavy) with ar, chain:4, tree:8 and tree:16,
 the arms interleaved and each pass in the opposite order of the last, and reports decode tok/s
@@ -488,6 +489,158 @@ def step(
     for engine in engines.values():
         engine.close()
     alone.close()
+
+
+def _adaspark_server(args: list[str], store_dir: Path):
+    """``adaspark serve`` on a free loopback port with a cold store of its own: (process, base URL)."""
+    import re
+
+    cmd = [sys.executable, "-m", "adaspark_cli.main", "serve", "--host", "127.0.0.1", "--port", "0",
+           "--store", str(store_dir / "store.json"), *args]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        if m := re.search(r"listening on (http://\S+:\d+) \(", line):
+            return proc, m.group(1)
+    raise SystemExit(f"adaspark serve did not start: {' '.join(cmd)}")
+
+
+def _llama_server(clients: int, spec: str, n_ctx: int, threads: int):
+    """llama.cpp's llama-server with ``clients`` slots (-np) of ``n_ctx`` each: (server, base URL)."""
+    from adaspark_core.evaluate import peer
+
+    port = peer._free_port()
+    cmd = [str(peer.server_binary()), "-m", str(default_model()), "-c", str(n_ctx * clients), "-np", str(clients),
+           "-t", str(threads), "-tb", str(threads), "--host", peer.HOST, "--port", str(port), "--no-ui",
+           "-fa", "off", *peer.parse_peer(spec).server_args()]
+    srv = peer.LlamaServer(cmd, port, spec)
+    srv.start()
+    return srv, f"http://{peer.HOST}:{port}"
+
+
+def _drive(url: str, prompts: list[list[dict]], clients: int, max_tokens: int, deadline_s: float) -> dict:
+    """``clients`` threads, each sending the next prompt of the queue through the openai client
+    (streamed, greedy) until the queue is empty or the deadline passes: aggregate completion
+    tokens per wall second, time to first token, per-request decode speed and latency."""
+    import queue as queue_mod
+    import threading
+
+    from openai import OpenAI
+
+    todo: queue_mod.Queue = queue_mod.Queue()
+    for p in prompts:
+        todo.put(p)
+    results, lock = [], threading.Lock()
+    t_end = time.perf_counter() + deadline_s
+
+    def client() -> None:
+        api = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=deadline_s)
+        while time.perf_counter() < t_end:
+            try:
+                messages = todo.get_nowait()
+            except queue_mod.Empty:
+                return
+            t0 = time.perf_counter()
+            first = last = None
+            tokens = 0
+            for chunk in api.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens,
+                                                     temperature=0.0, stream=True,
+                                                     stream_options={"include_usage": True}):
+                now = time.perf_counter()
+                if chunk.choices and chunk.choices[0].delta.content:
+                    first = first if first is not None else now
+                    last = now
+                if chunk.usage is not None:
+                    tokens = chunk.usage.completion_tokens
+            done = time.perf_counter()
+            with lock:
+                results.append({"tokens": tokens, "ttft": (first or done) - t0, "latency": done - t0,
+                                "decode_tps": (tokens - 1) / (last - first) if first and last and last > first else None})
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+
+    def q(xs, f):
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(f * len(xs)))] if xs else None
+
+    return {"requests": len(results), "tokens": sum(r["tokens"] for r in results), "wall_s": wall,
+            "tokens_per_s": sum(r["tokens"] for r in results) / wall,
+            "ttft_p50": q([r["ttft"] for r in results], 0.5),
+            "decode_tps_median": q([r["decode_tps"] for r in results if r["decode_tps"]], 0.5),
+            "latency_p50": q([r["latency"] for r in results], 0.5), "latency_p95": q([r["latency"] for r in results], 0.95)}
+
+
+@app.command()
+def load(
+    clients: str = typer.Option("1,4", "--clients", help="Concurrent clients, comma-separated (each server gets -np C / --parallel C)."),
+    requests: int = typer.Option(16, "--requests", help="Requests per run: first turns of the test set's conversations."),
+    max_tokens: int = typer.Option(128, "--max-tokens"),
+    repeats: int = typer.Option(2, "--repeats", help="Runs of every server, in alternating order."),
+    n_ctx: int = typer.Option(2048, "--n-ctx", help="Context per slot."),
+    deadline_s: float = typer.Option(600.0, "--deadline", help="Seconds a run may take at most."),
+    out: Path = typer.Option(Path("bench-out-load.json"), "--out"),
+) -> None:
+    """Many clients at once, loopback only (issue 29): for each C, llama.cpp's llama-server -np C
+    with no speculation and with ngram-mod, and adaspark serve --parallel C with chain:3 and the
+    adaspark arm (cold), plus today's one-at-a-time adaspark server; the same requests through the
+    real openai client, servers in alternating order across repeats. Prints aggregate tokens/s,
+    time to first token, per-request decode tokens/s and latency percentiles; writes JSON."""
+    import shutil
+
+    from adaspark_core.engine.bindings import thread_count
+
+    convs = load_sources(["specbench", "speedbench", "wildchat", "toolace", "convfinqa", "longbench"], benchmark_sets())
+    prompts = [[user_message(c.turns[0])] for c in convs][:requests]
+    threads = thread_count(None)
+    cs = [int(c) for c in clients.split(",")]
+    runs: list[dict] = []
+    for rep in range(repeats):
+        for c in cs:
+            kinds = [("llama-server -np C", "llama:ar"), ("llama-server -np C ngram-mod", "llama:ngram-mod"),
+                     ("adaspark --parallel C chain:3", ["--arm", "chain:3", "--parallel", str(c)]),
+                     ("adaspark --parallel C", ["--arm", "adaspark", "--parallel", str(c)]),
+                     ("adaspark one at a time", ["--arm", "adaspark", "--queue", str(max(8, c))])]
+            if rep % 2:
+                kinds.reverse()
+            for name, how in kinds:
+                store_dir = Path(tempfile.mkdtemp(prefix="adaspark-load-"))
+                if isinstance(how, str):
+                    srv, url = _llama_server(c, how, n_ctx, threads)
+                    stop = srv.stop
+                else:
+                    proc, url = _adaspark_server([*how, "--n-ctx", str(n_ctx), "--threads", str(threads)], store_dir)
+
+                    def stop(proc=proc):
+                        proc.terminate()
+                        proc.wait(timeout=60)
+                try:
+                    res = _drive(url, prompts, c, max_tokens, deadline_s)
+                finally:
+                    stop()
+                    shutil.rmtree(store_dir, ignore_errors=True)
+                runs.append({"server": name, "clients": c, "repeat": rep, **res})
+                print(f"  {name:32s} C={c}: {res['tokens_per_s']:.1f} tok/s ({res['requests']} requests)", file=sys.stderr)
+    rows = []
+    for c in cs:
+        for name in dict.fromkeys(r["server"] for r in runs):
+            mine = [r for r in runs if r["server"] == name and r["clients"] == c]
+            tps = [r["tokens_per_s"] for r in mine]
+
+            def med(key):
+                vals = [r[key] for r in mine if r[key] is not None]
+                return statistics.median(vals) if vals else float("nan")
+
+            rows.append([name.replace(" C", f" {c}"), c, f"{min(tps):.1f}-{max(tps):.1f}", f"{med('ttft_p50'):.2f}",
+                         f"{med('decode_tps_median'):.1f}", f"{med('latency_p50'):.2f}", f"{med('latency_p95'):.2f}"])
+    print(tabulate(rows, headers=["server", "clients", "aggregate tok/s (range)", "TTFT p50 s", "decode tok/s",
+                                  "latency p50 s", "p95 s"]))
+    out.write_bytes(orjson.dumps({"requests": requests, "max_tokens": max_tokens, "n_ctx": n_ctx, "runs": runs},
+                                 option=orjson.OPT_INDENT_2))
 
 
 @app.command()

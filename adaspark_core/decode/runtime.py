@@ -45,6 +45,7 @@ class EngineOptions:
     block: int | None = None
     draft_top_k: int = 8  # candidates a model drafter keeps per position (K; not sampling's top-k)
     reuse_prefix: bool = False  # keep the committed KV across requests (serving several in a row)
+    parallel: int = 1  # requests decoded together, each in a slot of one context (decode/batch.py)
 
 
 def open_model(spec: str | Path | None):
@@ -66,6 +67,18 @@ def _drafter(spec: str, model, target, opts: EngineOptions):
     from adaspark_core.candidates.drafters import make_drafter
 
     return make_drafter(spec, target, opts.threads, opts.block, opts.draft_top_k)
+
+
+def _batch_engine(model, opts: EngineOptions):
+    """The slots ``--parallel`` asks for: llama.cpp models only, no model drafter (a drafter keeps
+    one request's state)."""
+    if isinstance(model, simlm.SimModel):
+        raise InputError(f"a simulated model ({model.path}) decodes one request at a time: use --parallel 1")
+    if opts.drafter not in (None, "", "none"):
+        raise InputError("a model drafter follows one request: --parallel above 1 needs --drafter none")
+    from adaspark_core.engine.llama import LlamaBatch
+
+    return LlamaBatch(model, opts.parallel, n_ctx=opts.n_ctx, threads=opts.threads, reuse_prefix=opts.reuse_prefix)
 
 
 def _check_log(log: Path, rt: "Runtime") -> None:
@@ -92,6 +105,10 @@ class Runtime:
         self.store, self.learners, self.log = store, learners, log
         self.threads = threads
         self.memory: NgramMemory | None = None  # kept beside the store (memory.py)
+        # With --parallel N: the N slots of one context (the first is ``target``) and the engine
+        # that verifies them together (engine/llama.py LlamaBatch); alone: [target] and None.
+        self.slots: list = []
+        self.engine = None
 
     @property
     def arm(self) -> Arm | None:
@@ -111,7 +128,13 @@ class Runtime:
         rt = cls(None, None, None, spec, None, None, None, opts.threads)
         try:
             rt.model = model if model is not None else open_model(opts.model)
-            rt.target = rt.model.target(n_ctx=opts.n_ctx, threads=opts.threads, reuse_prefix=opts.reuse_prefix)
+            if opts.parallel > 1:
+                rt.engine = _batch_engine(rt.model, opts)
+                rt.slots = rt.engine.slots
+                rt.target = rt.slots[0]
+            else:
+                rt.target = rt.model.target(n_ctx=opts.n_ctx, threads=opts.threads, reuse_prefix=opts.reuse_prefix)
+                rt.slots = [rt.target]
             rt.drafter = _drafter(opts.drafter, rt.model, rt.target, opts)
             if the_arm is not None and the_arm.learns:
                 fp = fingerprint(rt.model.path, rt.drafter.model.path if rt.drafter is not None else None)
@@ -138,14 +161,15 @@ class Runtime:
         return self.model.chat_prompt(messages)
 
     def generation(self, prompt: list[int], max_tokens: int, request_id: str = "r0",
-                   sampling: Sampling | None = None) -> Generation:
+                   sampling: Sampling | None = None, target=None) -> Generation:
         """One request on the runtime's arm, learners, drafter and log. A simulated target brings
         its virtual clock; a real one is timed on the wall clock. A sampled request (``sampling``)
         speculates as a greedy one does, with draws speculation cannot change (sampling.py), and
-        learns into the sampled regime's learners (Learners.regime)."""
+        learns into the sampled regime's learners (Learners.regime). ``target``: the slot it
+        decodes in (one of ``slots``), by default the runtime's target."""
         clock = getattr(self.target, "clock", time.perf_counter)
         learners = self.learners.regime(sampling is not None) if self.learners is not None else None
-        return Generation(self.target, prompt, self.spec, max_tokens, request_id=request_id,
+        return Generation(target or self.target, prompt, self.spec, max_tokens, request_id=request_id,
                           log=self.log, clock=clock, drafter=self.drafter, learners=learners,
                           memory=self.memory, sampling=sampling)
 
@@ -190,10 +214,10 @@ class Runtime:
 
     def close(self) -> None:
         """Release everything, in the order it was opened backwards; safe to call twice."""
-        for part in (self.log, self.store, self.drafter, self.target):
+        for part in (self.log, self.store, self.drafter, self.target, self.engine):
             if part is not None:
                 part.close()
-        self.log = self.store = self.drafter = self.target = None
+        self.log = self.store = self.drafter = self.target = self.engine = None
 
     def __enter__(self) -> "Runtime":
         return self

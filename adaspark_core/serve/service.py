@@ -7,13 +7,15 @@ cut the reply at a stop string, stop early when asked, and keep what the learner
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import codecs
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from adaspark_core.base.errors import OutputError
 from adaspark_core.base.sampling import Sampling
+from adaspark_core.decode.batch import Batch
 from adaspark_core.decode.runtime import Runtime
-from adaspark_core.decode.scheduler import INTERRUPTED, STOP, Stats
+from adaspark_core.decode.scheduler import INTERRUPTED, STOP, Generation, Stats
 
 
 class StopStrings:
@@ -118,3 +120,89 @@ def keep(rt: Runtime, rounds: int, requests: int, on_warning: Callable[[str], No
     except OutputError as e:
         if on_warning is not None:
             on_warning(str(e))
+
+
+@dataclass(eq=False)
+class _Served:
+    """A request of a BatchServer: its generation and the way its text goes out."""
+
+    gen: Generation
+    name: str
+    prompt_tokens: int
+    scan: StopStrings
+    on_text: Callable[[str], None] | None
+    cancelled: Callable[[], bool] | None
+    utf8: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
+
+    def out(self, text: str) -> None:
+        settled = self.scan.feed(text)
+        if settled and self.on_text is not None:
+            self.on_text(settled)
+
+
+class BatchServer:
+    """Requests served together on a Runtime's slots (``EngineOptions(parallel=N)``): ``admit``
+    puts a request in a free slot, ``step`` advances every admitted one a round in one verify
+    (decode/batch.py) and returns the replies that ended, their learning saved. Stop strings,
+    cancellation and the text of each reply as ``serve_request`` has them."""
+
+    def __init__(self, rt: Runtime, on_warning: Callable[[str], None] | None = None):
+        self.rt = rt
+        self.on_warning = on_warning
+        self.batch = Batch(rt.engine.verify)
+        self.free = list(rt.slots)
+        self.served: dict[Generation, _Served] = {}
+
+    @property
+    def full(self) -> bool:
+        return not self.free
+
+    @property
+    def active(self) -> int:
+        return len(self.served)
+
+    def admit(self, prompt: list[int], max_tokens: int, name: str, *, stops: Iterable[str] = (),
+              sampling: Sampling | None = None, on_text: Callable[[str], None] | None = None,
+              cancelled: Callable[[], bool] | None = None) -> None:
+        """Start a request in a free slot (its prompt prefilled now); InputError if it cannot be
+        served, the slot given back."""
+        slot = self.free.pop()
+        try:
+            gen = self.rt.generation(prompt, max_tokens, request_id=name, sampling=sampling, target=slot)
+            self.batch.add(gen)
+        except BaseException:
+            self.free.append(slot)
+            raise
+        self.served[gen] = _Served(gen, name, len(prompt), StopStrings(stops), on_text, cancelled)
+
+    def step(self) -> list[tuple[str, Reply]]:
+        """One round of every request, verified together: the (name, Reply) of those that ended."""
+        done = []
+        for gen, emitted in self.batch.step():
+            s = self.served[gen]
+            s.out(s.utf8.decode(b"".join(map(self.rt.model.piece, emitted))))
+            if gen.finish is None:
+                finish = STOP if s.scan.hit else INTERRUPTED if s.cancelled is not None and s.cancelled() else None
+                if finish is None:
+                    continue
+                self.batch.drop(gen, finish)
+            done.append((s.name, self._end(s)))
+        return done
+
+    def close(self) -> None:
+        """Every request still decoding ends, interrupted (its learning saved)."""
+        for s in list(self.served.values()):
+            self.batch.drop(s.gen, INTERRUPTED)
+            self._end(s)
+
+    def _end(self, s: _Served) -> Reply:
+        del self.served[s.gen]
+        self.free.append(s.gen.target)
+        s.out(s.utf8.decode(b"", final=True))
+        rest = s.scan.flush()
+        if rest and s.on_text is not None:
+            s.on_text(rest)
+        if s.gen.stats.rounds:
+            keep(self.rt, s.gen.stats.rounds, 1, self.on_warning)
+        return Reply(s.scan.text, s.gen.finish, s.prompt_tokens, s.gen.target.reused, s.gen.stats, self.rt.arm.name,
+                     s.gen.sampling, s.gen.seed)
