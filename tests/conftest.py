@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/fakes.py
+sys.path.insert(0, str(Path(__file__).parent))  # tests/fakes.py and tests/helpers.py, from every folder
 
 
 def _private_home() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import orjson
+
 from adaspark_core.base.tree import Layout
 from adaspark_core.engine.base import Verified
 
@@ -65,3 +67,29 @@ def cyclic(seq: list[int]) -> Callable[[list[int]], int]:
     """A target that continues by repeating ``seq``: the next token follows the last one in seq."""
     nxt = {a: b for a, b in zip(seq, seq[1:] + seq[:1])}
     return lambda prefix: nxt.get(prefix[-1], seq[0])
+
+
+# --- a scripted text with recurring phrases, and a target whose rows cost (replay, compare) ---
+
+PHRASES = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12], [13, 14, 3, 4, 15, 16], [17, 18, 19, 20, 21, 22]]
+
+
+def markov(prefix: list[int]) -> int:
+    """A deterministic text of recurring phrases in a scrambled order, so an earlier occurrence
+    of the context often continues differently (the n-gram fill offers sibling chains)."""
+    n = len(prefix)
+    k = n // 6
+    return PHRASES[(k * k * 7 + k * 3 + k // 5) % 4][n % 6]
+
+
+class CostlyTarget(FakeTarget):
+    """Each row costs: the chooser keeps trees narrow, so exploration has n-gram nodes to place."""
+
+    def verify(self, lay):
+        v = super().verify(lay)
+        v.verify_ms = v.decode_ms = 1.0 + 3.0 * lay.width
+        return v
+
+
+def canonical(state: dict) -> dict:
+    return orjson.loads(orjson.dumps(state))

@@ -6,7 +6,7 @@ persists in its own section of the store (store.py); the acceptance model's per-
 and offset are not stored, they restart with each request.
 
 Every learner, these two, their parts and ``Learners`` itself, keeps one contract
-(tests/test_learner_contract.py): ``learn(rec)`` reads a round record and never changes it;
+(tests/learn/test_learner_contract.py): ``learn(rec)`` reads a round record and never changes it;
 ``state()`` is plain JSON, with the section's ``version``; ``from_state(st, params, path)`` checks
 every field (checks.py), upgrades an older section and refuses a newer one, and returns a new
 learner whose ``state()`` is ``st``'s (upgraded).

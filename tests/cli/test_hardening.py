@@ -9,7 +9,7 @@ import sys
 import orjson
 import pytest
 from conftest import PROMPTS, ROOT, SIM
-from test_cli import adaspark, assert_one_error_line
+from helpers import adaspark, assert_one_error_line
 
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.files import replace
@@ -136,7 +136,7 @@ def record(i: int) -> RoundRecord:
 FILLER = """
 import resource, signal, sys
 from adaspark_core.store.record import LogWriteError, RoundLog
-sys.path.insert(0, "tests")
+sys.path[:0] = ["tests", "tests/cli"]
 from test_hardening import record
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead
 limit = int(sys.argv[2])
@@ -500,7 +500,7 @@ def test_27_sampling_edges_on_serve_stdin_get_an_answer_or_one_line_each(tmp_pat
 
 
 def test_27_sampling_edges_over_http_get_an_answer_or_an_openai_error_each(tmp_path):
-    from test_serve_http import Server
+    from helpers import Server
 
     bodies = sampling_bodies(random.Random(28), 30)
     srv = Server("--model", SIM, "--store", tmp_path / "s.json")

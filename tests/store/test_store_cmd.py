@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pytest
 from conftest import PROMPTS
-from test_cli import adaspark, assert_one_error_line
+from helpers import adaspark, assert_one_error_line
 
 from adaspark_core.evaluate.replay import replay
 from adaspark_core.evaluate.store_report import COEFFICIENTS, CONTEXTS, affine_fit, summarize

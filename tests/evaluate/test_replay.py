@@ -5,7 +5,7 @@ buckets, the guard and exploration all run, with no model."""
 import orjson
 import pytest
 from conftest import ROOT
-from fakes import FakeTarget
+from fakes import CostlyTarget, canonical, markov
 
 from adaspark_core.decode.scheduler import Generation, parse_arm
 from adaspark_core.evaluate.replay import ReplayMismatch, replay
@@ -13,24 +13,6 @@ from adaspark_core.learn.learned import Learners
 from adaspark_core.store.record import SCHEMA, RoundLog, read_log
 
 FIXTURE_LOG = ROOT / "fixtures" / "logs" / "rounds.jsonl"
-PHRASES = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12], [13, 14, 3, 4, 15, 16], [17, 18, 19, 20, 21, 22]]
-
-
-def markov(prefix: list[int]) -> int:
-    """A deterministic text of recurring phrases in a scrambled order, so an earlier occurrence
-    of the context often continues differently (the n-gram fill offers sibling chains)."""
-    n = len(prefix)
-    k = n // 6
-    return PHRASES[(k * k * 7 + k * 3 + k // 5) % 4][n % 6]
-
-
-class CostlyTarget(FakeTarget):
-    """Each row costs: the chooser keeps trees narrow, so exploration has n-gram nodes to place."""
-
-    def verify(self, lay):
-        v = super().verify(lay)
-        v.verify_ms = v.decode_ms = 1.0 + 3.0 * lay.width
-        return v
 
 
 def serve(log, arms=("adaspark", "ar", "pinned:6", "adaspark", "adaspark", "adaspark"), learners=None):
@@ -43,10 +25,6 @@ def serve(log, arms=("adaspark", "ar", "pinned:6", "adaspark", "adaspark", "adas
         for _ in gen:
             pass
     return learners
-
-
-def canonical(state: dict) -> dict:
-    return orjson.loads(orjson.dumps(state))
 
 
 def test_replay_reproduces_the_live_learners_and_the_report_adds_up(tmp_path):

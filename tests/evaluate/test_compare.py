@@ -5,7 +5,7 @@ tested in test_stats.py."""
 import orjson
 import pytest
 from conftest import NEAR_TIE, PROMPTS, TESTSET
-from test_cli import adaspark, assert_one_error_line
+from helpers import adaspark, assert_one_error_line
 
 from adaspark_core.evaluate import compare as cmp
 from adaspark_core.evaluate.testset import Conversation, load
@@ -115,7 +115,7 @@ def test_warm_passes_run_the_learning_arms_only_and_are_not_recorded():
 
 
 def test_scheduler_arms_trace_their_deltas_and_log_each_arm(tmp_path):
-    from test_replay import CostlyTarget, canonical, markov
+    from fakes import CostlyTarget, canonical, markov
 
     from adaspark_core.decode.scheduler import parse_arm
     from adaspark_core.evaluate.replay import replay

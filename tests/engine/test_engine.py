@@ -5,6 +5,7 @@ import random
 import numpy as np
 import pytest
 from conftest import NEAR_TIE, PROMPTS, prompt_tokens
+from helpers import check_kv, decode_checked
 
 from adaspark_core.base import tree
 from adaspark_core.base.tree import ANCHOR, PICK, SIBLING
@@ -17,62 +18,6 @@ ARMS = ["ar", "chain:3", "chain:8", "tree:2", "tree:4", "tree:8", "tree:16"]
 # bit for bit as the one-batch re-score does; a one-row verify runs another kernel, whose logits
 # differ by up to 1.2 (measured on the default model) and whose argmax differed from the
 # re-score's at gaps of at most 0.28 over 348 tokens of six prompts.
-
-
-
-def check_kv(target, sizes):
-    """Sequence 0 holds exactly the committed positions 0..n_past-1 and nothing else; a leaf
-    sequence holds exactly the first ``synced`` of those cells and no cell of its own (leaf
-    sequences are synced lazily, see engine/llama.py). "Exactly": a sequence's saved-state size is
-    affine in its cell count with one slope for all, so no sequence hides an extra cell."""
-    ranges = target.seq_ranges()
-    assert ranges.pop(0) == (0, target.n_past - 1)
-    for s, (lo, hi) in ranges.items():
-        assert lo == 0 and hi == target.synced(s) - 1 <= target.n_past - 1
-    sizes.append((target.n_past, target.seq_state_bytes(0)))
-    sizes += [(hi + 1, target.seq_state_bytes(s)) for s, (lo, hi) in ranges.items()]
-    (n0, b0) = sizes[0]
-    others = [(n, b) for n, b in sizes if n != n0]
-    if others:
-        n1, b1 = others[0]
-        per_cell = (b1 - b0) / (n1 - n0)
-        for n, b in sizes:
-            assert b == b0 + per_cell * (n - n0)
-
-
-def check_greedy(lm, prompt, reply, finish, widths):
-    """Every emitted token is the argmax of a one-batch re-score of the emitted sequence, except
-    near ties. ``widths[i]`` is the width of the verify that produced reply[i]. Returns the
-    near-tie mismatches as (from one-row verifies, from wider verifies)."""
-    seq = prompt + reply
-    argmax, gap = rescore(lm, seq)
-    near = [0, 0]
-    for i, tok in enumerate(reply):
-        at = len(prompt) + i - 1  # the row that predicts reply[i]
-        if argmax[at] != tok:
-            assert gap[at] < NEAR_TIE, f"token {i}: emitted {tok}, target argmax {argmax[at]} (gap {gap[at]:.3f})"
-            near[widths[i] > 1] += 1
-    if finish == "stop" and not lm.is_eog(argmax[len(seq) - 1]):
-        assert gap[len(seq) - 1] < NEAR_TIE, "stopped but the target's argmax is not an end token"
-        near[widths[-1] > 1] += 1
-    return near
-
-
-def decode_checked(lm, target, prompt, arm, max_tokens, per_round=None, **kw):
-    """Decode a reply with ``arm``, checking the target's KV cache and ``per_round(gen)`` after
-    every round and every emitted token against a re-score at the end. Returns (gen, near ties
-    from one-row verifies, from wider ones)."""
-    gen = Generation(target, prompt, parse_arm(arm), max_tokens=max_tokens, **kw)
-    sizes = []
-    widths = []  # the width of the verify that produced each emitted token
-    for emitted in gen:
-        check_kv(target, sizes)
-        if per_round is not None:
-            per_round(gen)
-        widths += [gen.last_width] * len(emitted)
-    if gen.finish == "stop":
-        widths.append(gen.last_width)
-    return (gen, *check_greedy(lm, prompt, gen.tokens, gen.finish, widths))
 
 
 @pytest.mark.model

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import orjson
 import pytest
-from test_cli import adaspark, assert_one_error_line
+from helpers import adaspark, assert_one_error_line
 
 from adaspark_cli.plot import line_plot
 from adaspark_core.base.errors import InputError

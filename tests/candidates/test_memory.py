@@ -181,7 +181,7 @@ def test_a_corpus_added_at_once_is_the_memory_of_its_documents_added_one_by_one(
 
 def test_decodes_remember_their_replies_and_the_store_commands_show_and_reset_the_memory(tmp_path):
     from conftest import PROMPTS
-    from test_cli import adaspark, assert_one_error_line
+    from helpers import adaspark, assert_one_error_line
 
     store = tmp_path / "store.json"
     mem_file = memory_file.memory_path(store)

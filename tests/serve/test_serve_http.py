@@ -7,77 +7,15 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import orjson
 import pytest
 from conftest import PROMPTS, SIM, assert_same_sample
+from helpers import Server, chat_body, stream_events
 
 from adaspark_core.store.record import read_log
-
-READY = re.compile(r"listening on (http://\S+:\d+) \(")
-
-
-class Server:
-    """``adaspark serve`` in a subprocess on a free port; stderr collected by a thread."""
-
-    def __init__(self, *args, timeout=120):
-        self.proc = subprocess.Popen([sys.executable, "-m", "adaspark_cli.main", "serve", "--port", "0",
-                                      *map(str, args)], stderr=subprocess.PIPE, text=True)
-        self.err: list[str] = []
-        self.url = None
-        listening = threading.Event()
-
-        def drain():  # a thread, so waiting for the banner is bounded even if it never comes
-            for line in self.proc.stderr:
-                self.err.append(line)
-                if self.url is None and (m := READY.search(line)):
-                    self.url = m.group(1)
-                    listening.set()
-            listening.set()
-
-        self._drain = threading.Thread(target=drain, daemon=True)
-        self._drain.start()
-        try:
-            assert listening.wait(timeout) and self.url, f"the server did not listen in time or ended: {self.stderr}"
-            self.http = httpx.Client(base_url=self.url, timeout=300)
-        except BaseException:  # no server left behind
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-            raise
-
-    def post(self, path, body):
-        return self.http.post(path, content=body if isinstance(body, bytes) else orjson.dumps(body))
-
-    def client(self):
-        from openai import OpenAI
-
-        return OpenAI(base_url=self.url + "/v1", api_key="not-needed", max_retries=0, timeout=300)
-
-    def stop(self, sig=signal.SIGTERM) -> int:
-        self.http.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        code = self.proc.wait(timeout=120)
-        self._drain.join(timeout=10)
-        return code
-
-    @property
-    def stderr(self) -> str:
-        return "".join(self.err)
-
-
-def chat_body(text, **kw):
-    return {"messages": [{"role": "user", "content": text}], **kw}
-
-
-def stream_events(lines):
-    """The data of each server-sent event, as they come."""
-    return (line[len("data: "):] for line in lines if line.startswith("data: "))
-
 
 # --- on the simulated model: the HTTP behaviour, without llama.cpp -----------------------------
 

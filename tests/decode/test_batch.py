@@ -3,7 +3,7 @@ step holds every active request's tree, and each reply is the one its request de
 
 import pytest
 from conftest import NEAR_TIE, assert_same_sample, prompt_tokens
-from test_engine import check_greedy, check_kv
+from helpers import check_greedy, check_kv
 
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.sampling import Sampling

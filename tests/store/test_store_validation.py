@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 import pytest
 from conftest import PROMPTS, SIM
-from test_cli import adaspark, assert_one_error_line
+from helpers import adaspark, assert_one_error_line
 
 from adaspark_core.decode.scheduler import Generation, parse_arm
 from adaspark_core.engine.sim import make_sim

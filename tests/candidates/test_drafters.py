@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from conftest import prompt_tokens
-from test_engine import decode_checked
+from helpers import decode_checked
 
 from adaspark_core.base import tree
 from adaspark_core.base.errors import InputError

@@ -13,7 +13,7 @@ import time
 import httpx
 import orjson
 from conftest import SIM
-from test_serve_http import Server, chat_body, stream_events
+from helpers import Server, chat_body, stream_events
 
 from adaspark_cli.http_app import BACKLOG
 

@@ -9,8 +9,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import ROOT, prompt_tokens
-from test_cli import adaspark, assert_one_error_line
-from test_engine import decode_checked
+from helpers import adaspark, assert_one_error_line, decode_checked
 
 from adaspark_core.base.tree import ANCHOR, PICK, SIBLING
 from adaspark_core.decode.scheduler import Generation, parse_arm

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 import pytest
 from conftest import SIM
-from test_serve_http import Server, chat_body, stream_events
+from helpers import Server, chat_body, stream_events
 
 from adaspark_core.evaluate.replay import replay
 from adaspark_core.store.record import read_log

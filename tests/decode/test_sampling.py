@@ -266,7 +266,7 @@ def test_sampled_rounds_are_logged_and_a_mixed_log_replays_into_both_regimes(tmp
 
 def test_sampled_decodes_save_their_regime_and_replay_across_processes(tmp_path):
     from conftest import SIM
-    from test_cli import adaspark
+    from helpers import adaspark
 
     from adaspark_core.evaluate.replay import replay
     from adaspark_core.learn.learned import Learners

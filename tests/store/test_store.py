@@ -8,19 +8,17 @@ import stat
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
+from conftest import ROOT
 
 from adaspark_core.base.errors import InputError, OutputError
 from adaspark_core.store import fingerprint as fingerprint_mod
 from adaspark_core.store import store as store_mod
 from adaspark_core.store.fingerprint import fingerprint, fingerprint_key
 from adaspark_core.store.store import SCHEMA, Store, StoreError, default_store_path
-
-ROOT = Path(__file__).resolve().parent.parent
 
 FP = {
     "model": {"size": 123, "sha256": "ab" * 32},

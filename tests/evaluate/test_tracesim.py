@@ -1,18 +1,18 @@
 """Trace simulation (adaspark_core/evaluate/tracesim.py, ``adaspark simulate``): the real scheduler and
 learners decode recorded replies on a virtual clock priced by measured verify times."""
 
-from pathlib import Path
 
 import orjson
 import pytest
-from test_cli import adaspark, assert_one_error_line
+from conftest import ROOT
+from helpers import adaspark, assert_one_error_line
 
 from adaspark_core.base.errors import InputError
 from adaspark_core.evaluate.replay import replay
 from adaspark_core.evaluate.tracesim import MeasuredCosts, Trace, read_traces, simulate, write_trace
 from adaspark_core.store.record import read_log
 
-FIXTURE_LOG = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "rounds.jsonl"
+FIXTURE_LOG = ROOT / "fixtures" / "logs" / "rounds.jsonl"
 
 
 def copy_trace(name="t0", finish="length", turn=0):

@@ -1,28 +1,13 @@
 """The decode command end to end: output shapes, streaming, logging and bad input."""
 
-import subprocess
-import sys
 
 import orjson
 import pytest
 from conftest import PROMPTS, SIM
+from helpers import adaspark, assert_one_error_line
 
 from adaspark_core.evaluate.replay import replay
 from adaspark_core.store.record import read_log
-
-
-def adaspark(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "adaspark_cli.main", *map(str, args)],
-                          input=stdin, capture_output=True, text=True, timeout=300)
-
-
-def assert_one_error_line(res, *words):
-    assert res.returncode == 2, res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("adaspark: error: "), res.stderr
-    for w in words:
-        assert w in lines[0]
-    assert res.stdout == ""
 
 
 def test_missing_prompt_file(tmp_path):
