@@ -67,6 +67,14 @@ class Batch:
         self.steps = 0
         self.id = secrets.token_hex(4)  # tells this batch's steps from another run's in one log
 
+    def settle(self) -> None:
+        """Every active request's previous round learns and is logged (each step begins so).
+        Call it before making a joining request's Generation: a first sampled request copies its
+        regime from the learners as they are then (Learners.regime), and replay copies it once
+        the previous step's rounds have all been learned."""
+        for gen in self.active:
+            gen.settle()
+
     def add(self, gen: Generation) -> None:
         """``gen`` joins at the next step (its target a free slot of the engine): its prompt is
         prefilled now. A batch holds fixed arms, or requests of one learning arm on one set of
@@ -97,8 +105,7 @@ class Batch:
         active = self.active
         if not active:
             return []
-        for gen in active:  # every previous round learns before any request decides
-            gen.settle()
+        self.settle()  # every previous round learns before any request decides
         clock = active[0].clock
         t0 = clock()
         plans = [gen.propose(gen.stats.rounds, gen.target.room()) for gen in active]

@@ -166,6 +166,7 @@ class BatchServer:
               cancelled: Callable[[], bool] | None = None) -> None:
         """Start a request in a free slot (its prompt prefilled now); InputError if it cannot be
         served, the slot given back."""
+        self.batch.settle()  # before the request's learners are chosen (Batch.settle)
         slot = self.free.pop()
         try:
             gen = self.rt.generation(prompt, max_tokens, request_id=name, sampling=sampling, target=slot)

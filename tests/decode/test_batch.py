@@ -96,6 +96,7 @@ def test_a_batched_learning_run_replays_exactly_and_logs_its_steps(lm, tmp_path)
         while queue and free:
             i, name, prompt = queue.pop(0)
             how = SAMPLING if i % 3 == 2 else None
+            batch.settle()  # before its learners are chosen: a first sampled request copies its regime
             batch.add(Generation(free.pop(0), prompt, parse_arm("adaspark"), 48, request_id=f"{i}-{name}", log=log,
                                  learners=learners.regime(how is not None), sampling=how))
         for gen, _ in batch.step():
