@@ -9,14 +9,15 @@ depth. llama.cpp's KQ mask tests a cell against the row's *first* sequence id, s
 exactly the committed prefix (which every leaf sequence must carry) and its own ancestors. A chain
 (at most one leaf) decodes on sequence 0 and its commit is a single tail removal.
 
-Leaf sequences are synced lazily. DESIGN.md copies the whole committed prefix into every leaf
-sequence before each tree verify and drops it after; in llama.cpp each copied cell is a std::map
-update per sequence, so at 16 rows and 1,000 tokens of context that cost 4.6 ms of host time per
-round, growing with the context. Instead a leaf sequence keeps the prefix it already has:
+Leaf sequences are synced lazily: copying the whole committed prefix into every leaf before each
+verify (DESIGN.md) costs a std::map update per cell and sequence, growing with the context
+(ARCHITECTURE.md, section 5). Instead a leaf sequence keeps the prefix it already has:
 ``_synced[s]`` is the number of committed positions sequence s carries (always a prefix of
 sequence 0's own cells, never a cell of its own), and a verify only tops it up with the positions
-committed since. The commit removes the leaf sequences from the tree's positions only: 0.55 ms of
-host time at 16 rows (15 leaves) at 1,000 tokens of context (``make bench-host``).
+committed since. The commit removes the leaf sequences from the tree's positions only.
+
+Several requests verify together on one context's slots (``LlamaBatch``, ``verify_together``):
+each slot is a LlamaTarget on its own range of sequence ids, "sequence 0" above being its first.
 """
 
 from __future__ import annotations
