@@ -5,7 +5,10 @@ settles every request's previous round (learned and logged, in the requests' ord
 each request's candidates, decides (``decide_step``), runs one verify of all their rows on the
 engine's slots (``LlamaBatch.verify``: one llama_decode), and finishes each request's round on its
 own (accept, commit, record); the caller streams what each emitted. Requests join (``add``) and
-leave (finished, or ``drop``) between steps; a joining request's prompt is prefilled when it joins.
+leave (finished, or ``drop``) between steps. A joining request's prompt goes into the next steps'
+decodes in chunks, beside the running requests' rows (``LlamaTarget.start(defer=True)``), so it
+never stalls them for its whole length; the request plans its first round once its slot has no
+prompt left pending.
 
 Exactness holds per request: a row's sequence ids are its own slot's, so it sees only its own
 request's committed cells and its own ancestors, and each reply is the one its request decodes
@@ -31,7 +34,8 @@ from adaspark_core.decode.scheduler import Generation, RoundDecision, RoundPlan,
 from adaspark_core.engine.base import Target, Verified
 from adaspark_core.learn.learned import Learners
 
-VerifyTogether = Callable[[list[tuple[Target, Layout]]], list[Verified]]
+# (slot, layout) of every request that verifies, and the slots whose prompts are still pending.
+VerifyTogether = Callable[[list[tuple[Target, Layout]], list[Target]], list[Verified]]
 
 
 def decide_step(plans: list[RoundPlan], arms, learners: Learners | None, cells: int,
@@ -65,6 +69,10 @@ class Batch:
         self.verify = verify
         self.active: list[Generation] = []
         self.steps = 0
+        # (request id, sampled) of the requests that began since the last step with rounds: their
+        # learners' per-request state starts there in replay too (a request begins steps before
+        # its first round while its prompt goes in).
+        self._began: list[list] = []
         self.id = secrets.token_hex(4)  # tells this batch's steps from another run's in one log
 
     def settle(self) -> None:
@@ -76,8 +84,8 @@ class Batch:
             gen.settle()
 
     def add(self, gen: Generation) -> None:
-        """``gen`` joins at the next step (its target a free slot of the engine): its prompt is
-        prefilled now. A batch holds fixed arms, or requests of one learning arm on one set of
+        """``gen`` joins at the next step (its target a free slot of the engine): its prompt goes in
+        with the next steps' decodes. A batch holds fixed arms, or requests of one learning arm on one set of
         learners (their regimes apart: a sampled request's are its own)."""
         if any(g.target is gen.target for g in self.active):
             raise ValueError("a slot serves one request at a time")
@@ -88,8 +96,9 @@ class Batch:
             raise InputError(f"arm {gen.arm.name} cannot join a batch of arm {mine[0].arm.name}: "
                              "requests decoded together learn with one arm")
         gen.batched = True
-        gen.begin()
+        gen.begin(defer_prefill=True)
         self.active.append(gen)
+        self._began.append([gen.request_id, gen.sampling is not None])
 
     def drop(self, gen: Generation, finish: str | None = None) -> None:
         """``gen`` leaves before its reply ended (its client went, a stop string cut it): its
@@ -100,12 +109,17 @@ class Batch:
         gen.close()
 
     def step(self) -> list[tuple[Generation, list[int]]]:
-        """One round of every active request, verified together: (request, tokens it emitted),
-        in the requests' order. A request whose reply ended is closed and leaves."""
-        active = self.active
-        if not active:
+        """One round of every active request whose prompt is in, verified together, with the next
+        chunks of the others' prompts in the same decode: (request, tokens it emitted), in the
+        requests' order. A request whose reply ended is closed and leaves."""
+        if not self.active:
             return []
         self.settle()  # every previous round learns before any request decides
+        active = [g for g in self.active if not g.target.pending]
+        filling = [g.target for g in self.active if g.target.pending]
+        if not active:
+            self.verify([], filling)
+            return []
         clock = active[0].clock
         t0 = clock()
         plans = [gen.propose(gen.stats.rounds, gen.target.room()) for gen in active]
@@ -113,7 +127,9 @@ class Batch:
         for i, gen in enumerate(active):
             groups.setdefault(id(gen.learners), []).append(i)
         decisions: list[RoundDecision | None] = [None] * len(active)
-        cells = sum(plan.context for plan in plans)
+        # Every row attends every cell in use: the verifying requests' contexts and the prompts
+        # already in for the slots still filling.
+        cells = sum(plan.context for plan in plans) + sum(t.n_past for t in filling)
         for idx in groups.values():
             gens = [active[i] for i in idx]
             for i, dec in zip(idx, decide_step([plans[i] for i in idx], [g.arm for g in gens], gens[0].learners,
@@ -121,11 +137,15 @@ class Batch:
                 decisions[i] = dec
         plans = [gen.decided(plan, dec) for gen, plan, dec in zip(active, plans, decisions)]
         draft_ms = (clock() - t0) * 1e3
-        verified = self.verify([(gen.target, plan.layout) for gen, plan in zip(active, plans)])
+        waiting = sum(len(t.pending) for t in filling)
+        verified = self.verify([(gen.target, plan.layout) for gen, plan in zip(active, plans)], filling)
+        prefill = waiting - sum(len(t.pending) for t in filling)
         out = [(gen, gen.finish_round(plan, ver)) for gen, plan, ver in zip(active, plans, verified)]
         step = {"batch": self.id, "id": self.steps, "requests": len(active), "rows": sum(p.layout.width for p in plans),
-                "cells": sum(p.context for p in plans), "draft": draft_ms,
-                "last": any(gen.finish is not None for gen in active)}
+                "cells": cells, "draft": draft_ms, "last": any(gen.finish is not None for gen in active)}
+        if prefill:
+            step["prefill"] = prefill  # prompt tokens that rode in this step's decode
+        step["began"], self._began = self._began, []
         for i, (gen, plan) in enumerate(zip(active, plans)):
             gen.last_record.step = {**step, "index": i, "lead": i == 0, "max_rows": plan.max_rows}
         self.steps += 1

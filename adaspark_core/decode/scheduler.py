@@ -395,9 +395,14 @@ class Generation:
         self.stats.delta(len(emitted), self.clock())
         return emitted
 
-    def begin(self) -> None:
-        """The request starts: its prompt into the target, every proposer and the learners."""
-        self.target.start(self.prompt)
+    def begin(self, defer_prefill: bool = False) -> None:
+        """The request starts: its prompt into the target, every proposer and the learners.
+        ``defer_prefill``: the target takes the prompt later, in chunks beside other requests'
+        verifies (a slot of a LlamaBatch, decode/batch.py)."""
+        if defer_prefill:
+            self.target.start(self.prompt, defer=True)
+        else:
+            self.target.start(self.prompt)
         for source in self.proposers:
             source.begin(self.prompt)
         if self.learners is not None:

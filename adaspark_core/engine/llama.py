@@ -233,6 +233,8 @@ class _Context(FreedWithObject):
         self.n_vocab = model.n_vocab
         self.n_seq = n_seq
         self.cap = rows
+        # Pending prompt tokens one step's decode may carry besides its verify rows (verify_together).
+        self.prefill_budget = rows
         self.batch = L.llama_batch_init(rows, 0, n_seq)
         b = self.batch
         self.tok = np.ctypeslib.as_array(b.token, (rows,))
@@ -314,6 +316,7 @@ class LlamaTarget(FreedWithObject):
         self._synced = [0] * self.n_seq  # committed positions each leaf sequence carries
         self._kv: list[int] = []  # the tokens at positions 0..n_past-1 of the first sequence
         self.reused = 0  # prompt tokens the last start took from the cache instead of prefilling
+        self.pending: list[int] = []  # prompt tokens a deferred start has not prefilled yet
         self._row0 = 0  # where the last verify's rows start in the shared batch
         self._last_rows = 0
         # Hidden-state capture for a DSpark drafter (capture_hidden): the target layers whose
@@ -348,7 +351,7 @@ class LlamaTarget(FreedWithObject):
 
     # --- decoding ------------------------------------------------------------------------------
 
-    def start(self, tokens: list[int]) -> None:
+    def start(self, tokens: list[int], defer: bool = False) -> None:
         """Prefill ``tokens[:-1]``; ``tokens[-1]`` becomes the anchor.
 
         With ``reuse_prefix``, the cells of the longest common prefix of the committed tokens and
@@ -357,10 +360,16 @@ class LlamaTarget(FreedWithObject):
         Kept cells were computed by verifies and prefills of other shapes, so a greedy reply can
         differ from a fresh prefill's at near ties (paper 3.5), never elsewhere. Not on a recurrent
         model (its state cannot be cut back to a prefix) nor with a DSpark drafter reading the
-        prefill's hidden states (it needs them all); there the slot's cells are cleared."""
+        prefill's hidden states (it needs them all); there the slot's cells are cleared.
+
+        ``defer``: prefill nothing now; the tokens wait in ``pending`` and go in chunks into the
+        next steps' decodes beside the other slots' verify rows (``verify_together``), so a
+        joining request does not stall the running ones for its whole prompt."""
         if not 0 < len(tokens) < self.n_ctx:
             raise ValueError(f"cannot start with {len(tokens)} tokens in a context of {self.n_ctx}")
-        c, s0 = self._c, self.seq0
+        if defer and self._hidden_ids:
+            raise ValueError("a slot capturing hidden states prefills at once")
+        s0 = self.seq0
         body = tokens[:-1]
         keep = 0
         if self.reuse_prefix and not self.model.recurrent and not self._hidden_ids:
@@ -384,22 +393,34 @@ class LlamaTarget(FreedWithObject):
         self.n_past = self.reused = keep
         self._kv = body[:keep]
         self._hidden_pending = []
-        body = body[keep:]
-        for i in range(0, len(body), c.cap):
-            chunk = body[i : i + c.cap]
-            n = len(chunk)
-            c.tok[:n] = chunk
-            c.pos[:n] = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
-            c.nseq[:n] = 1
-            for r in range(n):
-                c.seq[r][0] = s0
-            c.out[:n] = 0
-            c.decode(n, f"at position {self.n_past}")
-            if self._hidden_ids:
-                self._hidden_pending.append((self.n_past, self._read_hidden(n)))
-            self.n_past += n
-        self._kv += body
+        self.pending = body[keep:]
         self.anchor = tokens[-1]
+        while self.pending and not defer:
+            n = self._fill_prefill(0, self._c.cap)
+            self._c.decode(n, f"at position {self.n_past}")
+            self._prefilled(n)
+
+    def _fill_prefill(self, row0: int, room: int) -> int:
+        """Write up to ``room`` of the pending prompt tokens into the batch from row ``row0``, on
+        this slot's first sequence, no logits. Returns how many."""
+        c, s0 = self._c, self.seq0
+        chunk = self.pending[:room]
+        n, end = len(chunk), row0 + len(chunk)
+        c.tok[row0:end] = chunk
+        c.pos[row0:end] = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
+        c.nseq[row0:end] = 1
+        for r in range(row0, end):
+            c.seq[r][0] = s0
+        c.out[row0:end] = 0
+        return n
+
+    def _prefilled(self, n: int) -> None:
+        """The first ``n`` pending tokens are in the KV cache (the decode that held them ran)."""
+        if self._hidden_ids:  # prefilled alone, from row 0
+            self._hidden_pending.append((self.n_past, self._read_hidden(n)))
+        self._kv += self.pending[:n]
+        self.pending = self.pending[n:]
+        self.n_past += n
 
     def room(self) -> int:
         """How many more tokens the context can take after the anchor."""
@@ -413,6 +434,8 @@ class LlamaTarget(FreedWithObject):
         w = lay.width
         if w > self.max_width:
             raise ValueError(f"verify of {w} rows exceeds max_width {self.max_width}")
+        if self.pending:
+            raise ValueError("the slot's prompt is not all prefilled yet")
         if lay.token[0] != self.anchor:
             raise ValueError("the layout's row 0 is not the current anchor")
         if not lay.is_chain and not self.supports_trees:
@@ -551,13 +574,18 @@ def _context_size(model: LlamaModel, n_ctx: int | None) -> int:
     return n
 
 
-def verify_together(items: list[tuple[LlamaTarget, Layout]]) -> list[Verified]:
+def verify_together(items: list[tuple[LlamaTarget, Layout]], prefill: list[LlamaTarget] = ()) -> list[Verified]:
     """Every slot's layout in one llama_decode (slots of one context, each at most once): each
     row sees its own slot's committed cells and its own ancestors only (a row's sequence ids are
     its slot's), so each slot's rows are what a verify of that slot alone gives, up to the
-    kernels' near ties (paper 3.5). Each Verified has its slot's argmax and the step's times."""
+    kernels' near ties (paper 3.5). Each Verified has its slot's argmax and the step's times.
+
+    ``prefill``: slots with pending prompt tokens (a deferred ``start``); as many of those tokens
+    as the context's ``prefill_budget`` and the batch's room allow ride in the same decode, after
+    the rows, without logits (llama-server's continuous batching does the same): the weights are
+    streamed once for both. The prefill's time is in the step's."""
     t0 = time.perf_counter()
-    c = items[0][0]._c
+    c = (items[0][0] if items else prefill[0])._c
     rows = 0
     for slot, lay in items:
         if slot._c is not c:
@@ -567,10 +595,23 @@ def verify_together(items: list[tuple[LlamaTarget, Layout]]) -> list[Verified]:
             raise ValueError(f"a step of {rows + lay.width} rows exceeds the batch's {c.cap}")
         slot._fill(lay, rows)
         rows += lay.width
+    outputs = rows
+    chunks = []
+    for slot in prefill:
+        if slot._c is not c:
+            raise ValueError("slots of different contexts cannot decode together")
+        room = min(c.cap, outputs + c.prefill_budget) - rows
+        if room <= 0:
+            break
+        n = slot._fill_prefill(rows, room)
+        chunks.append((slot, n))
+        rows += n
     t1 = time.perf_counter()
-    c.decode(rows, f"of {len(items)} request(s)")
+    c.decode(rows, f"of {len(items)} request(s) and {rows - outputs} prompt token(s)")
     t2 = time.perf_counter()
-    argmax = c.logits(rows).argmax(axis=1).tolist()
+    for slot, n in chunks:
+        slot._prefilled(n)
+    argmax = c.logits(outputs).argmax(axis=1).tolist()
     for slot, lay in items:
         if slot._hidden_ids:
             slot._verify_hidden = slot._read_hidden(lay.width)
@@ -588,7 +629,7 @@ class LlamaBatch(FreedWithObject):
     their own slot's), so a step costs what its rows and the slots' contexts together cost."""
 
     def __init__(self, model: LlamaModel, n: int, n_ctx: int | None = None, threads: int | None = None,
-                 max_width: int = MAX_WIDTH, reuse_prefix: bool = False):
+                 max_width: int = MAX_WIDTH, reuse_prefix: bool = False, prefill_per_step: int | None = None):
         if model.recurrent:
             raise InputError(f"{model.path.name} is recurrent/hybrid: its state has no slots to batch requests in")
         if not 1 <= n <= MAX_SEQ:
@@ -603,12 +644,17 @@ class LlamaBatch(FreedWithObject):
             raise InputError(f"{n} slots of {n_ctx} tokens are more than llama.cpp can hold")
         self._c = _Context(model, cells, per_slot * n, max(512, n * width), n * width, thread_count(threads),
                            False, width)
+        # A joining request's prompt fills what a step's batch has room for, as llama-server fills
+        # its n_batch; ``prefill_per_step`` bounds it lower (shorter steps while a prompt goes in).
+        if prefill_per_step is not None:
+            self._c.prefill_budget = max(1, prefill_per_step)
         self.slots = [LlamaTarget(model, n_ctx, threads, width, reuse_prefix=reuse_prefix,
                                   shared=(self._c, i * per_slot, per_slot)) for i in range(n)]
 
-    def verify(self, items: list[tuple[LlamaTarget, Layout]]) -> list[Verified]:
-        """Several slots' layouts in one llama_decode (``verify_together``)."""
-        return verify_together(items)
+    def verify(self, items: list[tuple[LlamaTarget, Layout]], prefill: list[LlamaTarget] = ()) -> list[Verified]:
+        """Several slots' layouts in one llama_decode, with chunks of the ``prefill`` slots'
+        pending prompts (``verify_together``)."""
+        return verify_together(items, prefill)
 
     def close(self) -> None:
         for s in getattr(self, "slots", []):

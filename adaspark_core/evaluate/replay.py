@@ -233,10 +233,15 @@ def _replay_step(group: list[RoundRecord], learners: Learners, report: Report,
     group = [rec for rec in group if parse_arm(rec.arm).learns]
     if not group:
         return
-    for rec in group:  # requests that begin in this step begin before the step decides
-        regime = learners.regime(rec.sampling is not None)
+    # Requests that began since the last step begin before this one decides, as they did live
+    # (step["began"]; a log older than chunked prefill began each at its first round's step).
+    began = group[0].step.get("began")
+    if began is None:
+        began = [[rec.request, rec.sampling is not None] for rec in group if rec.first]
+    for request, sampled in began:
+        learners.regime(sampled).start_request(request, alone=False)
+    for rec in group:
         if rec.first:
-            regime.start_request(rec.request, alone=False)
             open_reqs[rec.request] = RequestStats(rec.request, sampled=rec.sampling is not None)
             report.requests.append(open_reqs[rec.request])
     ordered = sorted(group, key=lambda r: r.step["index"])

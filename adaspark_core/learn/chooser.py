@@ -365,10 +365,11 @@ class AdaptiveWidth:
 
     def learn(self, rec) -> None:
         """The cost model learns a lone round, or a step from its lead record (RoundRecord.as_step:
-        all its rows over all its cells, once); the chooser each request's own rate."""
+        all its rows over all its cells, once; not a step that also carried prompt tokens); the
+        chooser each request's own rate."""
         if rec.step is None:
             self.cost.learn(rec)
-        elif rec.step["lead"]:
+        elif rec.step["lead"] and not rec.step.get("prefill"):  # a prompt's chunk is not a verify's cost
             self.cost.learn(rec.as_step())
         self.chooser.learn(rec)
 

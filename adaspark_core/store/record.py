@@ -92,8 +92,11 @@ class RoundRecord:
     # ``id`` (a counter of its batch), ``requests`` in it, its ``rows`` and ``cells`` (every
     # request's context: each row attends them all), its ``draft`` time (every request's
     # proposing and pricing), ``max_rows`` (this request's bound), ``lead`` (the step's first
-    # record, which carries the step's cost to the cost model) and ``last`` (a request ended in
-    # it). None: verified alone.
+    # record, which carries the step's cost to the cost model), ``last`` (a request ended in
+    # it) and, where a joining request's prompt tokens rode in its decode, ``prefill`` (how
+    # many; such a step does not teach the cost model) and ``began`` ([request, sampled] of the
+    # requests that joined since the previous step: their per-request learner state starts
+    # there, before their prompts are in). None: verified alone.
     step: dict | None = None
     schema: int = field(default=SCHEMA)
 

@@ -33,27 +33,36 @@ def solo(target, prompt, arm, max_tokens, sampling):
 def test_replies_decoded_in_a_batch_equal_the_replies_decoded_alone(lm, target):
     from adaspark_core.engine.llama import LlamaBatch
 
-    engine = LlamaBatch(lm, 4, n_ctx=512)
+    # A small prefill budget: a joining prompt goes in over several steps, beside running rows.
+    engine = LlamaBatch(lm, 4, n_ctx=512, prefill_per_step=24)
     batch = Batch(engine.verify)
     free = list(engine.slots)
     waiting = [(name, prompt_tokens(lm, name), arm, n, at, SAMPLING if sampled else None)
                for name, arm, n, at, sampled in REQUESTS]
     gens, widths, sizes = {}, {}, {}
     rounds_alone = 0
+    mixed_steps = 0  # steps that verified some requests while others' prompts went in
     while waiting or batch.active:
+        filling = [g for g in batch.active if g.target.pending]
+        mixed_steps += 0 < len(filling) < len(batch.active)
+        before = sum(len(g.target.pending) for g in filling)
         for req in [r for r in waiting if r[4] <= batch.steps and free]:
             waiting.remove(req)
             name, prompt, arm, n, _, how = req
             gen = Generation(free.pop(0), prompt, parse_arm(arm), n, request_id=name, sampling=how)
             batch.add(gen)
             gens[name], widths[name], sizes[name] = (req, gen), [], []
-        for gen, emitted in batch.step():
+        stepped = batch.step()
+        assert before - sum(len(g.target.pending) for g in filling) == min(24, before)  # the step's budget
+        for gen, emitted in stepped:
+            assert gen.request_id not in [g.request_id for g in filling]  # no round before its prompt is in
             widths[gen.request_id] += [gen.last_width] * len(emitted)
             check_kv(gen.target, sizes[gen.request_id])  # every slot's KV invariants, every step
             rounds_alone += 1
             if gen.finish is not None:
                 free.append(gen.target)
     assert batch.steps < rounds_alone  # requests shared verifies
+    assert mixed_steps >= 3  # the joining prompts (over 24 tokens each) took several steps each
     assert len(gens) == len(REQUESTS)
     for name, ((_, prompt, arm, n, _, how), gen) in gens.items():
         alone = solo(target, prompt, arm, n, how)
@@ -85,7 +94,7 @@ def test_a_batched_learning_run_replays_exactly_and_logs_its_steps(lm, tmp_path)
     from adaspark_core.learn.learned import Learners
     from adaspark_core.store.record import RoundLog, read_log
 
-    engine = LlamaBatch(lm, 4, n_ctx=512)
+    engine = LlamaBatch(lm, 4, n_ctx=512, prefill_per_step=32)
     learners = Learners()
     log = RoundLog(tmp_path / "rounds.jsonl")
     batch = Batch(engine.verify)
@@ -105,7 +114,8 @@ def test_a_batched_learning_run_replays_exactly_and_logs_its_steps(lm, tmp_path)
     log.close()
     records = list(read_log(tmp_path / "rounds.jsonl"))
     assert all(r.step is not None for r in records) and max(r.step["requests"] for r in records) == 4
-    assert sum(r.step["lead"] for r in records) == batch.steps
+    assert sum(r.step["lead"] for r in records) == batch.steps  # a step of prompts alone has no round
+    assert any(r.step.get("prefill") for r in records)  # prompts went in beside verifying requests
     replayed, report = replay(records)  # raises ReplayMismatch at the first disagreement
     assert orjson.dumps(replayed.state()) == orjson.dumps(learners.state())
     by_load = report.to_json()["batched"]
