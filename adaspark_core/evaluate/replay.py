@@ -75,6 +75,9 @@ class Report:
     model_choices: dict = field(default_factory=dict)
     # requests in a batched step -> widths of its learning rounds -> rounds (decode/batch.py)
     batched: dict[int, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    # requests in a batched step -> where its time went, summed over the steps (every arm's;
+    # steps that carried prompt tokens apart, their decode is mostly the prompt's)
+    step_times: dict[int, Counter] = field(default_factory=lambda: defaultdict(Counter))
 
     def to_json(self) -> dict:
         """Every quantity of the report as plain JSON."""
@@ -104,6 +107,7 @@ class Report:
             "batched": {str(n): {"rounds": sum(c.values()), "mean_width": sum(w * k for w, k in c.items()) / sum(c.values()),
                                  "widths": {str(w): k for w, k in sorted(c.items())}}
                         for n, c in sorted(self.batched.items())},
+            "step_times": {str(n): _step_means(c) for n, c in sorted(self.step_times.items())},
         }
 
     def scored(self) -> list[RequestStats]:
@@ -172,6 +176,7 @@ def replay(records: Iterable[RoundRecord], learners: Learners | None = None,
     open_reqs: dict[str, RequestStats] = {}  # requests decoded together, by id
     for group in _decided_together(records):
         if group[0].step is not None:
+            _time_step(group, report)
             _replay_step(group, learners, report, open_reqs, check)
             continue
         rec = group[0]
@@ -224,6 +229,35 @@ def _decided_together(records: Iterable[RoundRecord]) -> Iterator[list[RoundReco
 
 def _step_key(rec: RoundRecord) -> tuple:
     return rec.step.get("batch"), rec.step["id"]
+
+
+def _time_step(group: list[RoundRecord], report: Report) -> None:
+    """Add a batched step's times to its load's sums: llama_decode, and the host's share (every
+    request's proposing and deciding, the engine's batch build and argmax read, the commits, the
+    learning of its rounds, which runs at the next step)."""
+    lead = next((r for r in group if r.step.get("lead")), group[0])
+    c = report.step_times[lead.step["requests"]]
+    kind = "prefill_" if lead.step.get("prefill") else ""
+    c[kind + "steps"] += 1
+    c[kind + "decode"] += lead.times.decode
+    c[kind + "plan"] += lead.step["draft"]
+    c[kind + "engine"] += lead.times.verify - lead.times.decode
+    c[kind + "commit"] += sum(r.times.commit for r in group)
+    c[kind + "learn"] += sum(r.times.learn for r in group)
+
+
+_STEP_PARTS = ("decode", "plan", "engine", "commit", "learn")
+
+
+def _step_means(c: Counter) -> dict:
+    """Milliseconds per step of each part, and the host's share of the step, for the steps
+    without prompt tokens (``prefill_steps`` counts the others)."""
+    n = c["steps"]
+    out: dict = {"steps": n, "prefill_steps": c["prefill_steps"]}
+    out.update({part + "_ms": c[part] / n if n else None for part in _STEP_PARTS})
+    total = sum(c[part] for part in _STEP_PARTS)
+    out["host_share"] = (total - c["decode"]) / total if total else None
+    return out
 
 
 def _replay_step(group: list[RoundRecord], learners: Learners, report: Report,

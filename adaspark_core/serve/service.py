@@ -164,8 +164,8 @@ class BatchServer:
     def admit(self, prompt: list[int], max_tokens: int, name: str, *, stops: Iterable[str] = (),
               sampling: Sampling | None = None, on_text: Callable[[str], None] | None = None,
               cancelled: Callable[[], bool] | None = None) -> None:
-        """Start a request in a free slot (its prompt prefilled now); InputError if it cannot be
-        served, the slot given back."""
+        """Start a request in a free slot (its prompt goes in with the next steps); InputError if
+        it cannot be served, the slot given back."""
         self.batch.settle()  # before the request's learners are chosen (Batch.settle)
         slot = self.free.pop()
         try:
@@ -179,6 +179,9 @@ class BatchServer:
     def step(self) -> list[tuple[str, Reply]]:
         """One round of every request, verified together: the (name, Reply) of those that ended."""
         done = []
+        for s in [s for s in self.served.values() if s.gen.target.pending and s.cancelled is not None and s.cancelled()]:
+            self.batch.drop(s.gen, INTERRUPTED)  # its client left while its prompt was going in
+            done.append((s.name, self._end(s)))
         for gen, emitted in self.batch.step():
             s = self.served[gen]
             s.out(s.utf8.decode(b"".join(map(self.rt.model.piece, emitted))))
