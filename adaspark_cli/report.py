@@ -64,8 +64,7 @@ def replay_tables(r: dict) -> str:
                             ["requests", "rounds", "mean width", "widths (rows:rounds)"], disable_numparse=True))
     if r.get("step_times"):  # where a batched step's time goes, by load (steps without prompt tokens)
         out.append("\nTime per batched step (ms), by requests in the step")
-        out.append(tabulate([[n, t["steps"], t["prefill_steps"], *(_f(t[p + "_ms"], ".2f") for p in
-                                                                   ("decode", "plan", "engine", "commit", "learn")),
+        out.append(tabulate([[n, t["steps"], t["prefill_steps"], *(_f(ms, ".2f") for ms in t["ms"].values()),
                               _pct(t["host_share"])] for n, t in r["step_times"].items()],
                             ["requests", "steps", "with prompt", "llama_decode", "propose+decide", "batch build+argmax",
                              "commit", "learn", "host share"], disable_numparse=True))

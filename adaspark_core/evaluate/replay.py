@@ -75,8 +75,8 @@ class Report:
     model_choices: dict = field(default_factory=dict)
     # requests in a batched step -> widths of its learning rounds -> rounds (decode/batch.py)
     batched: dict[int, Counter] = field(default_factory=lambda: defaultdict(Counter))
-    # requests in a batched step -> where its time went, summed over the steps (every arm's;
-    # steps that carried prompt tokens apart, their decode is mostly the prompt's)
+    # requests in a batched step -> where its time went, summed over its steps (those that
+    # carried prompt tokens only counted: their decode is mostly the prompt's)
     step_times: dict[int, Counter] = field(default_factory=lambda: defaultdict(Counter))
 
     def to_json(self) -> dict:
@@ -234,30 +234,29 @@ def _step_key(rec: RoundRecord) -> tuple:
 def _time_step(group: list[RoundRecord], report: Report) -> None:
     """Add a batched step's times to its load's sums: llama_decode, and the host's share (every
     request's proposing and deciding, the engine's batch build and argmax read, the commits, the
-    learning of its rounds, which runs at the next step)."""
+    learning of its rounds, which runs at the next step). A step that carried prompt tokens is
+    only counted: its decode is mostly the prompt's."""
     lead = next((r for r in group if r.step.get("lead")), group[0])
     c = report.step_times[lead.step["requests"]]
-    kind = "prefill_" if lead.step.get("prefill") else ""
-    c[kind + "steps"] += 1
-    c[kind + "decode"] += lead.times.decode
-    c[kind + "plan"] += lead.step["draft"]
-    c[kind + "engine"] += lead.times.verify - lead.times.decode
-    c[kind + "commit"] += sum(r.times.commit for r in group)
-    c[kind + "learn"] += sum(r.times.learn for r in group)
-
-
-_STEP_PARTS = ("decode", "plan", "engine", "commit", "learn")
+    if lead.step.get("prefill"):
+        c["prefill_steps"] += 1
+        return
+    c["steps"] += 1
+    c["decode"] += lead.times.decode
+    c["plan"] += lead.step["draft"]
+    c["engine"] += lead.times.verify - lead.times.decode
+    c["commit"] += sum(r.times.commit for r in group)
+    c["learn"] += sum(r.times.learn for r in group)
 
 
 def _step_means(c: Counter) -> dict:
-    """Milliseconds per step of each part, and the host's share of the step, for the steps
-    without prompt tokens (``prefill_steps`` counts the others)."""
+    """Milliseconds per step of each part (``ms``, in the step's order), and the host's share of
+    the step, over the steps without prompt tokens (``prefill_steps`` counts the others)."""
     n = c["steps"]
-    out: dict = {"steps": n, "prefill_steps": c["prefill_steps"]}
-    out.update({part + "_ms": c[part] / n if n else None for part in _STEP_PARTS})
-    total = sum(c[part] for part in _STEP_PARTS)
-    out["host_share"] = (total - c["decode"]) / total if total else None
-    return out
+    parts = ("decode", "plan", "engine", "commit", "learn")
+    total = sum(c[p] for p in parts)
+    return {"steps": n, "prefill_steps": c["prefill_steps"], "ms": {p: c[p] / n if n else None for p in parts},
+            "host_share": (total - c["decode"]) / total if total else None}
 
 
 def _replay_step(group: list[RoundRecord], learners: Learners, report: Report,

@@ -122,7 +122,7 @@ def test_a_batched_learning_run_replays_exactly_and_logs_its_steps(lm, tmp_path)
     assert sum(v["rounds"] for v in by_load.values()) == len(records) and "4" in by_load
     times = report.to_json()["step_times"]  # where each load's steps spent their time
     assert sum(t["steps"] + t["prefill_steps"] for t in times.values()) == batch.steps
-    assert times["4"]["decode_ms"] > 0 and 0 < times["4"]["host_share"] < 1
+    assert times["4"]["ms"]["decode"] > 0 and 0 < times["4"]["host_share"] < 1
 
 
 @pytest.mark.model
