@@ -51,6 +51,10 @@ KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this (uvicorn'
 MAX_HEADERS = 16 * 1024  # a request line and headers past this get 400 (h11's default, said here as a limit)
 BACKLOG = 128  # connections the kernel holds until accepted; also the most asyncio accepts at once
 FULL_WARNING_S = 60  # at most one warning a minute about connections refused at the cap
+# After a refused body's reply, the rest of the body is read and dropped for at most this long and
+# this much (nginx lingers up to 30 s; by either bound the reply has long reached the client)
+LINGER_S = 2.0
+LINGER_BYTES = 8 * 2 ** 20
 
 
 @dataclass(frozen=True)
@@ -412,6 +416,8 @@ class _Protocol(H11Protocol):
         self.limits = limits
         self.refused = refused
         self.header_deadline: asyncio.TimerHandle | None = None
+        self.lingering = False
+        self.dropped = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.limits.max_connections:
@@ -421,8 +427,16 @@ class _Protocol(H11Protocol):
             transport.close()
             self.refused.count(len(self.connections))
             return
-        super().connection_made(transport)
+        super().connection_made(_LingeringClose(transport, self))
         self._await_headers()
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingering:  # the rest of a body the reply refused: read and dropped
+            self.dropped += len(data)
+            if self.dropped > LINGER_BYTES:
+                self.transport.close()
+            return
+        super().data_received(data)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -445,6 +459,37 @@ class _Protocol(H11Protocol):
         self.header_deadline = None
         if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
             self.transport.close()  # quietly, as uvicorn's keep-alive timeout does
+
+
+class _LingeringClose:
+    """A connection's transport whose close, while the client is still sending its request's body
+    (a 413 refused it, or h11 found it malformed), is a lingering close, as nginx and Apache do:
+    the reply is flushed and followed by a FIN, the rest of the body is read and dropped, and the
+    socket is closed when the client closes its side, or past LINGER_S or LINGER_BYTES. Closed at once with unread
+    bytes in its receive buffer, the socket would answer them with a reset, and a reset makes the
+    client's kernel drop whatever of the reply it has not yet read: the client would see its
+    request cut off instead of the 413 that says why. Any other close, and a second close (the
+    server shutting down), is immediate."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: _Protocol):
+        self._transport = transport
+        self._protocol = protocol
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self._protocol.lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        p = self._protocol
+        if p.lingering or p.conn.their_state not in (h11.SEND_BODY, h11.ERROR) or not self._transport.can_write_eof():
+            self._transport.close()
+            return
+        p.lingering = True
+        self._transport.write_eof()  # after the reply's bytes
+        self._transport.resume_reading()  # uvicorn may have paused it while the body was coming
+        p.loop.call_later(LINGER_S, self._transport.close)  # a client that never stops sending
 
 
 class _Refused:

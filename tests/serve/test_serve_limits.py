@@ -15,7 +15,7 @@ import orjson
 from conftest import SIM
 from helpers import Server, chat_body, stream_events
 
-from adaspark_cli.http_app import BACKLOG
+from adaspark_cli.http_app import BACKLOG, LINGER_BYTES
 
 CHAT = orjson.dumps(chat_body("hi", max_tokens=8))
 MB = 2 ** 20
@@ -247,6 +247,21 @@ def test_a_body_over_the_limit_gets_413_early_and_the_server_goes_on(tmp_path):
         reply, sent = upload_until_refused(srv, None, 200 * MB, time.monotonic() + 30)
         assert_too_large(reply)
         assert sent < 64 * MB, sent
+        # a client that goes on sending after the 413 still gets the whole reply: the server reads
+        # and drops the rest of the body and ends with a FIN (closed with the body unread, its
+        # socket would send a reset, which can cut the reply off before it is sent or read)
+        for length in (200 * MB, None):
+            s = connect(srv)
+            s.sendall(post_head("/v1/chat/completions", length))
+            piece = b"x" * 65536 if length else b"10000\r\n%s\r\n" % (b"x" * 65536)
+            for _ in range(LINGER_BYTES // 2 // len(piece)):  # inside the server's bounds on lingering
+                s.sendall(piece)  # a reset would raise here
+            s.shutdown(socket.SHUT_WR)
+            reply = b""
+            while chunk := s.recv(65536):  # and here
+                reply += chunk
+            assert_too_large(reply)
+            s.close()
         # the openai client's HTTP stack sees the 413 (a whole body, and a generated one it
         # stops generating)
         pulled = 0
