@@ -1,9 +1,10 @@
 """The HTTP side of ``adaspark serve`` (the ``adaspark[server]`` extra): a FastAPI app on uvicorn
 in front of one decoding thread.
 
-One decode at a time on the one model: the worker thread owns the Runtime (model, learners,
-store, log) and nothing else touches it; requests wait in a queue of ``queue_size``, and one
-that finds it full gets 503. Each request's events (text pieces, then the reply or an error)
+One decoding thread on the one model: it owns the Runtime (model, learners, store, log) and
+nothing else touches it; it decodes one request at a time, or with ``--parallel N`` up to N
+together, one batched step at a time (``Decoder``); requests wait in a queue of ``queue_size``,
+and one that finds it full gets 503. Each request's events (text pieces, then the reply or an error)
 cross to the event loop through an asyncio queue. A client that goes away (a closed stream, a
 dropped connection) marks its job cancelled: a waiting job is skipped, a running one ends at the
 next round, its learning kept. SIGINT/SIGTERM: running replies end after their current round
@@ -15,7 +16,9 @@ What one client may take is bounded (``Limits``): a request body is refused with
 its request's headers within ``--header-timeout`` of opening (or of its previous response); past
 ``--max-connections`` open connections a new one is answered 503 and closed at once. uvicorn has
 neither of the last two (its keep-alive timer starts only after a response; its
-``limit_concurrency`` acts only once a request's headers are in), so ``_Protocol`` adds them.
+``limit_concurrency`` acts only once a request's headers are in), so ``_Protocol`` adds them, and
+a lingering close for a connection closed while its client is still sending a body
+(``_LingeringClose``).
 """
 
 from __future__ import annotations
