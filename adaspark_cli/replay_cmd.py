@@ -10,11 +10,12 @@ import orjson
 import typer
 
 from adaspark_cli.console import fail, reported
-from adaspark_cli.report import regret_tables, replay_tables
+from adaspark_cli.report import regret_tables, replay_tables, step_regret_tables
 from adaspark_core.base.errors import InputError
 from adaspark_core.evaluate.regret import CostTable, account
 from adaspark_core.evaluate.replay import ReplayMismatch
 from adaspark_core.evaluate.replay import replay as run_replay
+from adaspark_core.evaluate.step_regret import step_account
 from adaspark_core.store.record import read_log
 
 
@@ -51,16 +52,22 @@ def replay(
         report = rep.to_json() if rep.requests else {}
         if regret:
             table = CostTable(records + cost_records)
-            # One account per arm and regime: sampled rounds accept by other odds than greedy ones
+            # One account per arm and regime (sampled rounds accept by other odds than greedy ones) of lone
+            # rounds; a batched step's rounds share one decode, so they get the step account.
             arms: dict[tuple, list] = {}
+            batched: dict[str, list] = {}
             for r in records:
-                arms.setdefault((r.arm, r.sampling is not None), []).append(r)
+                if r.step is None:
+                    arms.setdefault((r.arm, r.sampling is not None), []).append(r)
+                else:
+                    batched.setdefault(r.arm, []).append(r)
             report["regret"] = [{**account(rs, table, rep.model_choices).to_json(), "sampled": sampled}
                                 for (_, sampled), rs in arms.items()]
+            report["step_regret"] = [step_account(rs).to_json() for rs in batched.values()]
         if as_json:
             sys.stdout.write(orjson.dumps(report).decode() + "\n")
             return
         if rep.requests:
             sys.stdout.write(replay_tables(report))
         if regret:
-            sys.stdout.write(regret_tables(report["regret"]))
+            sys.stdout.write(regret_tables(report["regret"]) + step_regret_tables(report["step_regret"]))

@@ -119,5 +119,31 @@ def regret_tables(accounts: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def step_regret_tables(accounts: list[dict]) -> str:
+    """``adaspark replay --regret`` on batched steps: one step account per arm (step_regret.py)."""
+    out = []
+    for a in accounts:
+        out.append(f"\nHindsight account of {a['arm']}'s batched steps: {a['steps']} steps, {a['rounds']} rounds, "
+                   f"{a['tokens']} tokens ({a['left_out_steps']} steps left out: prompt tokens rode in them, "
+                   "or a round was sampled)")
+        if a["fit"] is None:
+            out.append("too few steps, or rows that never varied: the step cost is not fitted")
+            continue
+        t0, t1, t2, t3 = a["fit"]
+        out.append(f"step decode fitted as {t0:.2f} + {t1:.3f} rows + {t2:.5f} cells + {t3:.6f} rows x cells ms "
+                   f"(median error {_pct(a['fit_error'])})")
+        rates = [["realised (measured)", _f(a["measured_rate"], ".1f"), ""],
+                 ["realised, decode priced by the fit", _f(a["modelled_rate"], ".1f"), "1.000"],
+                 [f"best fixed width per request in hindsight ({a['best_width']} rows)", _f(a["best_width_rate"], ".1f"),
+                  _f(_inv(a["realised_over_best"]), ".3f")],
+                 ["per-step oracle", _f(a["oracle_rate"], ".1f"), _f(_inv(a["realised_over_oracle"]), ".3f")]]
+        out.append(tabulate(rates, ["", "tok/s", "over realised (priced)"], disable_numparse=True))
+        rows = [[n, v["steps"], _f(v["realised"], ".2f"), _f(v["best_width"], ".2f"), _f(v["oracle"], ".2f")]
+                for n, v in a["by_load"].items()]
+        out.append("\nRows per request, by requests in the step")
+        out.append(tabulate(rows, ["requests", "steps", "realised", "best fixed width", "oracle"], disable_numparse=True))
+    return "\n".join(out) + "\n" if out else ""
+
+
 def _inv(x):
     return None if not x else 1.0 / x

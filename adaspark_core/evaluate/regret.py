@@ -117,7 +117,7 @@ class CostTable:
             self.add(rec)
 
     def add(self, rec: RoundRecord) -> None:
-        if rec.first or rec.times.verify <= 0:
+        if rec.first or rec.times.verify <= 0 or rec.step is not None:  # a batched round's verify is its step's
             return
         self._memo.clear()
         self._samples[rec.width].append((band_of(rec.context), rec.times.verify))

@@ -1,6 +1,9 @@
 """Requests decoded together (decode/batch.py on engine/llama.py's LlamaBatch): one llama_decode a
 step holds every active request's tree, and each reply is the one its request decodes alone."""
 
+import subprocess
+import sys
+
 import pytest
 from conftest import NEAR_TIE, assert_same_sample, prompt_tokens
 from helpers import check_greedy, check_kv
@@ -123,6 +126,16 @@ def test_a_batched_learning_run_replays_exactly_and_logs_its_steps(lm, tmp_path)
     times = report.to_json()["step_times"]  # where each load's steps spent their time
     assert sum(t["steps"] + t["prefill_steps"] for t in times.values()) == batch.steps
     assert times["4"]["ms"]["decode"] > 0 and 0 < times["4"]["host_share"] < 1
+    # replay --regret gives the steps the step account (a lone round's would price each of a
+    # step's rounds at the whole step's time): every step with rounds is in it or left out
+    out = subprocess.run([sys.executable, "-m", "adaspark_cli.main", "replay", str(tmp_path / "rounds.jsonl"),
+                          "--regret", "--json"], capture_output=True, text=True, check=True).stdout
+    rep = orjson.loads(out)
+    assert rep["regret"] == [] and [a["arm"] for a in rep["step_regret"]] == ["adaspark"]
+    steps = {(r.step["batch"], r.step["id"]) for r in records}
+    acc = rep["step_regret"][0]
+    assert acc["steps"] + acc["left_out_steps"] == len(steps)
+    assert acc["fit"] is None or acc["oracle_rate"] >= acc["modelled_rate"] - 1e-9
 
 
 @pytest.mark.model
