@@ -504,12 +504,12 @@ def _adaspark_server(args: list[str], store_dir: Path):
     raise SystemExit(f"adaspark serve did not start: {' '.join(cmd)}")
 
 
-def _llama_server(clients: int, spec: str, n_ctx: int, threads: int):
+def _llama_server(clients: int, spec: str, n_ctx: int, threads: int, model: Path):
     """llama.cpp's llama-server with ``clients`` slots (-np) of ``n_ctx`` each: (server, base URL)."""
     from adaspark_core.evaluate import peer
 
     port = peer._free_port()
-    cmd = [str(peer.server_binary()), "-m", str(default_model()), "-c", str(n_ctx * clients), "-np", str(clients),
+    cmd = [str(peer.server_binary()), "-m", str(model), "-c", str(n_ctx * clients), "-np", str(clients),
            "-t", str(threads), "-tb", str(threads), "--host", peer.HOST, "--port", str(port), "--no-ui",
            "-fa", "off", *peer.parse_peer(spec).server_args()]
     srv = peer.LlamaServer(cmd, port, spec)
@@ -517,10 +517,11 @@ def _llama_server(clients: int, spec: str, n_ctx: int, threads: int):
     return srv, f"http://{peer.HOST}:{port}"
 
 
-def _drive(url: str, prompts: list[list[dict]], clients: int, max_tokens: int, deadline_s: float) -> dict:
+def _drive(url: str, prompts: list, clients: int, max_tokens: int, deadline_s: float) -> dict:
     """``clients`` threads, each sending the next prompt of the queue through the openai client
     (streamed, greedy) until the queue is empty or the deadline passes: aggregate completion
-    tokens per wall second, time to first token, per-request decode speed and latency."""
+    tokens per wall second, time to first token, per-request decode speed and latency. A prompt
+    is a chat's messages (the chat route) or a text (the completions route, for a base model)."""
     import queue as queue_mod
     import threading
 
@@ -542,15 +543,22 @@ def _drive(url: str, prompts: list[list[dict]], clients: int, max_tokens: int, d
             t0 = time.perf_counter()
             first = last = None
             tokens = 0
-            for chunk in api.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens,
-                                                     temperature=0.0, stream=True,
-                                                     stream_options={"include_usage": True}):
+            how = dict(model="m", max_tokens=max_tokens, temperature=0.0, stream=True,
+                       stream_options={"include_usage": True})
+            if isinstance(messages, str):
+                stream = api.completions.create(prompt=messages, **how)
+            else:
+                stream = api.chat.completions.create(messages=messages, **how)
+            for chunk in stream:
                 now = time.perf_counter()
-                if chunk.choices and chunk.choices[0].delta.content:
+                choice = chunk.choices[0] if chunk.choices else None
+                if choice is not None and (choice.text if isinstance(messages, str) else choice.delta.content):
                     first = first if first is not None else now
                     last = now
                 if chunk.usage is not None:
                     tokens = chunk.usage.completion_tokens
+            if first is not None and not tokens:
+                raise SystemExit(f"{url} streamed a reply without its usage (stream_options.include_usage)")
             done = time.perf_counter()
             with lock:
                 results.append({"tokens": tokens, "ttft": (first or done) - t0, "latency": done - t0,
@@ -583,6 +591,8 @@ def load(
     repeats: int = typer.Option(2, "--repeats", help="Runs of every server, in alternating order."),
     n_ctx: int = typer.Option(2048, "--n-ctx", help="Context per slot."),
     deadline_s: float = typer.Option(600.0, "--deadline", help="Seconds a run may take at most."),
+    model: Optional[Path] = typer.Option(None, "--model", help="GGUF model for every server (default: the embedded one)."),
+    completions: bool = typer.Option(False, "--completions", help="Send each first turn as a text to /v1/completions (a base model, which has no chat template)."),
     out: Path = typer.Option(Path("bench-out-load.json"), "--out"),
 ) -> None:
     """Many clients at once, loopback only (issue 29): for each C, llama.cpp's llama-server -np C
@@ -595,7 +605,9 @@ def load(
     from adaspark_core.engine.bindings import thread_count
 
     convs = load_sources(["specbench", "speedbench", "wildchat", "toolace", "convfinqa", "longbench"], benchmark_sets())
-    prompts = [[user_message(c.turns[0])] for c in convs][:requests]
+    prompts = [user_message(c.turns[0])["content"] + "\n\n" if completions else [user_message(c.turns[0])]
+               for c in convs][:requests]
+    model = model or default_model()
     threads = thread_count(None)
     cs = [int(c) for c in clients.split(",")]
     runs: list[dict] = []
@@ -610,10 +622,11 @@ def load(
             for name, how in kinds:
                 store_dir = Path(tempfile.mkdtemp(prefix="adaspark-load-"))
                 if isinstance(how, str):
-                    srv, url = _llama_server(c, how, n_ctx, threads)
+                    srv, url = _llama_server(c, how, n_ctx, threads, model)
                     stop = srv.stop
                 else:
-                    proc, url = _adaspark_server([*how, "--n-ctx", str(n_ctx), "--threads", str(threads)], store_dir)
+                    proc, url = _adaspark_server([*how, "--model", str(model), "--n-ctx", str(n_ctx), "--threads",
+                                                  str(threads)], store_dir)
 
                     def stop(proc=proc):
                         proc.terminate()
@@ -639,7 +652,8 @@ def load(
                          f"{med('decode_tps_median'):.1f}", f"{med('latency_p50'):.2f}", f"{med('latency_p95'):.2f}"])
     print(tabulate(rows, headers=["server", "clients", "aggregate tok/s (range)", "TTFT p50 s", "decode tok/s",
                                   "latency p50 s", "p95 s"]))
-    out.write_bytes(orjson.dumps({"requests": requests, "max_tokens": max_tokens, "n_ctx": n_ctx, "runs": runs},
+    out.write_bytes(orjson.dumps({"requests": requests, "max_tokens": max_tokens, "n_ctx": n_ctx, "model": str(model),
+                                  "route": "completions" if completions else "chat", "runs": runs},
                                  option=orjson.OPT_INDENT_2))
 
 
