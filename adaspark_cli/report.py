@@ -136,7 +136,11 @@ def step_regret_tables(accounts: list[dict]) -> str:
                  ["realised, decode priced by the fit", _f(a["modelled_rate"], ".1f"), "1.000"],
                  [f"best fixed width per request in hindsight ({a['best_width']} rows)", _f(a["best_width_rate"], ".1f"),
                   _f(_inv(a["realised_over_best"]), ".3f")],
-                 ["per-step oracle", _f(a["oracle_rate"], ".1f"), _f(_inv(a["realised_over_oracle"]), ".3f")]]
+                 ["per-step oracle", _f(a["oracle_rate"], ".1f"), _f(_inv(a["realised_over_oracle"]), ".3f")],
+                 ["with the prompts' steps: measured", _f(a["with_prompts"]["measured"], ".1f"), ""],
+                 ["with the prompts' steps: the others at the oracle's rate", _f(a["with_prompts"]["oracle"], ".1f"),
+                  _f(a["with_prompts"]["oracle"] / a["with_prompts"]["measured"]
+                     if a["with_prompts"]["oracle"] and a["with_prompts"]["measured"] else None, ".3f")]]
         out.append(tabulate(rates, ["", "tok/s", "over realised (priced)"], disable_numparse=True))
         rows = [[n, v["steps"], _f(v["realised"], ".2f"), _f(v["best_width"], ".2f"), _f(v["oracle"], ".2f")]
                 for n, v in a["by_load"].items()]

@@ -19,7 +19,10 @@ A_s = sum over its rounds of 1 + a_i(w_i) and C_s = H_s + T(sum w_i, c_s), the a
   this run's trees), and the best of them;
 - the per-step oracle: each step's widths maximising A - rho C at the rate rho they achieve
   (Dinkelbach). T is linear in the rows at a step's cells, so each request's best width is its
-  own: the one maximising a_i(w) - rho (t1 + t3 c) w.
+  own: the one maximising a_i(w) - rho (t1 + t3 c) w;
+- with the steps that carried prompt tokens added as they ran, the run's measured rate and its
+  rate had every other step run at the oracle's: a bound on what any width rule could give the
+  run, prompts and all.
 
 By load (requests per step) it gives the realised, the best fixed and the oracle's mean rows per
 request, which is where a batch rule's widths are too wide or too narrow. Like regret.py it cannot
@@ -66,6 +69,8 @@ class StepAccount:
     tokens: int = 0
     measured_ms: float = 0.0
     left_out: int = 0  # steps with a sampled round, or with prompt tokens riding
+    prefill_tokens: int = 0  # committed in the greedy steps that carried prompt tokens
+    prefill_ms: float = 0.0  # those steps' measured time
     fit: list[float] | None = None  # t0, t1, t2, t3 (ms)
     fit_error: float | None = None  # median relative error of the fit over the fitted steps
     modelled_rate: float | None = None
@@ -88,7 +93,14 @@ class StepAccount:
                 "oracle_rate": self.oracle_rate,
                 "realised_over_best": ratio(self.modelled_rate, self.best_rate),
                 "realised_over_oracle": ratio(self.modelled_rate, self.oracle_rate),
-                "by_load": {str(n): v for n, v in sorted(self.by_load.items())}}
+                "by_load": {str(n): v for n, v in sorted(self.by_load.items())},
+                # every greedy step, those with prompt tokens as they ran: the run's rate, and its
+                # rate had the other steps run at the oracle's (the most any width rule can give it)
+                "with_prompts": {"measured": ratio(1e3 * (self.tokens + self.prefill_tokens),
+                                                   self.measured_ms + self.prefill_ms),
+                                 "oracle": ratio(1e3 * (self.tokens + self.prefill_tokens),
+                                                 self.prefill_ms + self.tokens / self.oracle_rate * 1e3)
+                                 if self.oracle_rate else None}}
 
 
 def step_views(records: list[RoundRecord]) -> tuple[list[StepView], int]:
@@ -142,6 +154,8 @@ def step_account(records: list[RoundRecord]) -> StepAccount:
     acc.rounds = sum(len(v.rounds) for v in priced)
     acc.tokens = sum(v.committed for v in priced)
     acc.measured_ms = sum(v.decode + v.host for v in priced)
+    acc.prefill_tokens = sum(v.committed for v in views if v.prefill)
+    acc.prefill_ms = sum(v.decode + v.host for v in views if v.prefill)
     if fit is None or not priced:
         return acc
     coef, acc.fit_error = fit

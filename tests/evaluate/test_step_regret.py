@@ -24,19 +24,20 @@ def b_width(s: int) -> int:
     return 4 if s % 2 == 0 else 2
 
 
-def a_log(sampled_step: int | None = None) -> list[RoundRecord]:
+def a_log(sampled_step: int | None = None, prompt_step: int | None = None) -> list[RoundRecord]:
     """Step s: A (width 1) commits 100 + s, its chain holds its next three tokens; B (width 4 at
     even steps, 2 at odd ones) commits 500 + s, its chain is wrong from the first node."""
     recs = []
     for s in range(STEPS):
-        cells = 100 + 10 * s
+        prompt = 40 if s == prompt_step else 0  # tokens of a joining prompt riding in the step
+        cells = 100 + 10 * s + prompt
         rows = 1 + b_width(s)
         step = {"batch": "b", "id": s, "requests": 2, "rows": rows, "cells": cells, "draft": HOST,
-                "last": s == STEPS - 1, "max_rows": 64}
+                "last": s == STEPS - 1, "max_rows": 64, **({"prefill": prompt} if prompt else {})}
         for req, width, tokens, bonus in (("A", 1, [100 + s, 101 + s, 102 + s], 100 + s),
                                           ("B", b_width(s), [999, 998, 997], 500 + s)):
             lead = req == "A"
-            dec = decode_ms(rows, cells) if lead else 0.0
+            dec = decode_ms(rows + prompt, cells) if lead else 0.0
             recs.append(RoundRecord(
                 request=req, round=s, context=cells // 2, arm="adaspark", anchor=0, candidates=chain(tokens),
                 order=[0, 1, 2], offered=[1, 4, 8], prices=None, width=width, rows=[-1, 0, 1, 2][:width],
@@ -81,3 +82,14 @@ def test_too_few_steps_are_not_priced():
     # rows that never vary cannot separate a row's price from the step's
     acc = step_account([r for r in a_log() if r.round % 2 == 0]).to_json()
     assert acc["steps"] == STEPS // 2 and acc["fit"] is None
+
+
+def test_a_step_that_carried_prompt_tokens_is_not_priced_but_counts_in_the_runs_rate():
+    acc = step_account(a_log(prompt_step=4)).to_json()
+    assert acc["steps"] == STEPS - 1 and acc["left_out_steps"] == 1
+    assert acc["fit"] == pytest.approx([5, 1, 0.01, 0], abs=1e-6)  # the prompt's decode did not teach it
+    every = 2 * STEPS / sum(decode_ms(1 + b_width(s) + 40 * (s == 4), 100 + 10 * s + 40 * (s == 4)) + HOST
+                            for s in range(STEPS)) * 1e3
+    run = acc["with_prompts"]
+    assert run["measured"] == pytest.approx(every)
+    assert acc["measured_rate"] > run["measured"] and run["measured"] < run["oracle"] < acc["oracle_rate"]
