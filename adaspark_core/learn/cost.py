@@ -207,6 +207,9 @@ class CostParams:
     steep: float = 0.25  # a class whose top costs this much over its bottom splits next to the held width
     d_clock_min_ms: float = 1.0  # below this D is host noise, not a clock (no model drafter on a CPU)
     d_clock_clamp: tuple[float, float] = (0.5, 2.0)
+    # The least share of the measured row price (between the two widest measured narrower widths)
+    # an unmeasured width's extra rows are taken to cost (price_floor)
+    floor_slope: float = 0.5
     law: LawParams = field(default_factory=LawParams)
 
 
@@ -323,6 +326,21 @@ class CostModel:
             best = min(best, self.class_price(w, c))
             out[w] = best
         return dict(sorted(out.items()))
+
+    def price_floor(self, w: int, c: int) -> float | None:
+        """A price an unmeasured width ``w`` is taken not to be under, at context ``c``: the widest
+        measured narrower width's, plus ``floor_slope`` of the row price between the two widest
+        measured narrower widths for each row beyond it. A kernel whose narrow widths cost alike
+        (a GPU below saturation) gives a floor at the narrower price; one whose rows cost in
+        proportion (a CPU: about 1.1-1.3 ms a row on the default model from 8 to 64 rows, 2 cores)
+        gives a floor well under the truth and well over the narrower price. None: nothing
+        narrower is measured."""
+        below = [(v, t) for v, t in self.prices(c).items() if v < w]
+        if not below:
+            return None
+        (v1, t1) = below[-1]
+        slope = max(t1 - below[-2][1], 0.0) / (v1 - below[-2][0]) if len(below) > 1 else 0.0
+        return t1 + self.p.floor_slope * slope * (w - v1)
 
     # --- learning ----------------------------------------------------------------------------------
 

@@ -273,3 +273,95 @@ def test_a_chain_cut_at_the_depth_limit_goes_on_past_the_round():
 class SimpleRecord:
     def __init__(self, context, path, times):
         self.context, self.path, self.times = context, path, times
+
+
+# --- widths for a batched step (AdaptiveWidth.decide_step) ----------------------------------------
+
+
+def linear_costs(policy, base=5.0, per_row=1.0, context=500):
+    """Every class of the ladder measured at ``base + per_row * rows`` ms."""
+    for _ in range(policy.cost.p.measurements):
+        for w in policy.cost.widths:
+            policy.cost.learn(measured(w, base + per_row * w, context=context))
+
+
+def chain_round(q, n):
+    """A chain of n candidates each of acceptance q: best-first order and path products."""
+    return list(range(n)), [q ** (k + 1) for k in range(n)]
+
+
+def step_widths(policy, rounds, cells=500, d_ms=2.0, max_rows=None):
+    decs = policy.decide_step(rounds, cells, d_ms, max_rows or [64] * len(rounds))
+    return [d.width for d in decs], decs
+
+
+def test_a_step_gives_every_request_its_anchor_and_the_rows_beyond_to_the_likeliest_candidates():
+    policy = AdaptiveWidth()
+    linear_costs(policy)
+    likely, unlikely = chain_round(0.9, 20), chain_round(0.1, 20)
+    widths, decs = step_widths(policy, [unlikely, likely, unlikely])
+    assert min(widths) >= 1 and widths[1] > widths[0] == widths[2]
+    assert sum(widths) in policy.cost.prices(500)  # the step's total is a priced class width
+    assert all(d.measure is None and d.prices is not None for d in decs)
+    # a request's bound is kept: no row beyond its max_rows
+    widths, _ = step_widths(policy, [unlikely, likely, unlikely], max_rows=[64, 2, 64])
+    assert widths[1] <= 2
+
+
+def test_rows_per_request_shrink_as_the_step_fills_and_grow_back_as_it_empties():
+    """Base 5 ms, 1 ms a row, chains of q = 0.8: alone a request is worth 8 rows; with 4 in the
+    step the rows buy less than they cost beyond 4 each, with 8 beyond 2 each (worked out in
+    tokens per ms of the whole step: (n + the rows' Q) / (D + T(rows)))."""
+    policy = AdaptiveWidth()
+    linear_costs(policy)
+    per_request = {}
+    for n in (1, 4, 8, 4, 1):
+        widths, _ = step_widths(policy, [chain_round(0.8, 30)] * n)
+        assert len(set(widths)) == 1  # the same trees get the same rows
+        per_request.setdefault(n, set()).add(widths[0])
+    assert per_request == {1: {8}, 4: {4}, 8: {2}}
+
+
+def test_a_step_measures_the_narrowest_unmeasured_class_its_requests_can_fill():
+    policy = AdaptiveWidth()
+    # nothing priced: the narrowest class the step fills is measured, every request at its anchor
+    widths, decs = step_widths(policy, [chain_round(0.9, 5)] * 4)
+    assert widths == [1, 1, 1, 1] and {d.measure for d in decs} == {4}
+    # classes up to 8 measured (5 ms + 1 ms a row): 16 rows are measured when the candidates could
+    # win there even at the price floor, 8's price plus half its row price for each row beyond
+    for _ in range(3):
+        for w in (1, 2, 4, 8):
+            policy.cost.learn(measured(w, 5.0 + w))
+    p = policy.cost.prices(500)
+    assert policy.cost.price_floor(16, 500) == pytest.approx(p[8] + 0.5 * (p[8] - p[4]) / 4 * 8)
+    assert policy.cost.price_floor(16, 500) == pytest.approx(13 + 0.5 * 1.0 * 8, rel=0.03)
+    widths, decs = step_widths(policy, [chain_round(0.9, 5)] * 4)
+    assert sum(widths) == 16 and {d.measure for d in decs} == {16}
+    # at q = 0.5 the 8 extra rows' Q (3.5) would win at 8's own price, as any would, not at the floor
+    widths, decs = step_widths(policy, [chain_round(0.5, 5)] * 4)
+    assert {d.measure for d in decs} == {None} and sum(widths) == 8
+    # junk candidates cannot win even at the narrower price: nothing is measured
+    widths, decs = step_widths(policy, [chain_round(0.01, 5)] * 4)
+    assert {d.measure for d in decs} == {None} and sum(widths) in (4, 8)
+    # a step that cannot fill a class does not measure it
+    widths, decs = step_widths(policy, [chain_round(0.9, 1)] * 4)  # 8 rows at most
+    assert {d.measure for d in decs} == {None}
+
+
+def test_the_price_floor_of_an_unmeasured_width():
+    cost = CostModel()
+    assert cost.price_floor(4, 500) is None  # nothing narrower measured
+    for _ in range(3):
+        for w in (1, 2, 4):
+            cost.learn(measured(w, 10.0))  # rows that cost nothing more (a GPU below saturation)
+    assert cost.price_floor(8, 500) == pytest.approx(cost.prices(500)[4])  # the narrower price: slope 0 or less
+    cost = CostModel()
+    for _ in range(3):
+        cost.learn(measured(1, 6.0))
+    assert cost.price_floor(2, 500) == pytest.approx(cost.prices(500)[1])  # one measured width: its price
+    for _ in range(3):
+        for w in (2, 4, 8):
+            cost.learn(measured(w, 5.0 + 1.2 * w))
+    floor, p = cost.price_floor(32, 500), cost.prices(500)
+    assert floor == pytest.approx(p[8] + 0.5 * (p[8] - p[4]) / 4 * 24)
+    assert floor == pytest.approx(14.6 + 0.5 * 1.2 * 24, rel=0.03) and floor < 5.0 + 1.2 * 32
