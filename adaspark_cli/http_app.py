@@ -468,11 +468,11 @@ class _LingeringClose:
     """A connection's transport whose close, while the client is still sending its request's body
     (a 413 refused it, or h11 found it malformed), is a lingering close, as nginx and Apache do:
     the reply is flushed and followed by a FIN, the rest of the body is read and dropped, and the
-    socket is closed when the client closes its side, or past LINGER_S or LINGER_BYTES. Closed at once with unread
-    bytes in its receive buffer, the socket would answer them with a reset, and a reset makes the
-    client's kernel drop whatever of the reply it has not yet read: the client would see its
-    request cut off instead of the 413 that says why. Any other close, and a second close (the
-    server shutting down), is immediate."""
+    socket is closed when the client closes its side, or past LINGER_S or LINGER_BYTES. Closed at
+    once with unread bytes in its receive buffer, the socket would answer them with a reset, which
+    can cut the reply off before it is sent or read: the client would see its request cut off
+    instead of the 413 that says why. Any other close, and a second close (the server shutting
+    down), is immediate."""
 
     def __init__(self, transport: asyncio.Transport, protocol: _Protocol):
         self._transport = transport
