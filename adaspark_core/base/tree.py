@@ -16,6 +16,7 @@ Conventions used throughout the package:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -49,7 +50,7 @@ class Candidate:
     sigma: float | None = None  # the position's pick share sigma (a pick's own share; a sibling's pick's)
     # N-gram features (ngram.py). For an n-gram node they describe the node itself; for a drafter
     # candidate that is agreed or contradicted, the n-gram proposal that agreed or contradicted it.
-    kind: str | None = None  # copy, follow, copy-alt or follow-alt
+    kind: str | None = None  # copy, copy-start, follow, copy-alt, follow-alt or memory
     evidence: int = 0  # length of the copy it continues, or follower count
     above: int = 0  # n-gram nodes above it on its path (n-gram nodes only)
     bucket: str | None = None  # ngram.bucket(kind, evidence, above)
@@ -78,6 +79,26 @@ def child_of(cands: list[Candidate], parent: int, token: int, source: str, **fea
     """A candidate hanging below ``parent`` (an index into ``cands`` or ANCHOR)."""
     depth = 1 if parent == ANCHOR else cands[parent].depth + 1
     return Candidate(token=token, parent=parent, source=source, depth=depth, **features)
+
+
+def cut_below_ends(cands: list[Candidate], is_end: Callable[[int], bool]) -> list[Candidate]:
+    """The candidates that are not below an end-of-generation token, parents re-indexed (in
+    place). Nothing after the end token is emitted, so a row below it is lost whatever the target
+    says there: a copy of an earlier turn runs on through its end into the next turn's template
+    (ARCHITECTURE.md, section 5). The end token itself stays: accepted, it ends the reply a
+    round sooner."""
+    if not any(is_end(c.token) for c in cands):
+        return cands
+    kept: list[Candidate] = []
+    index: dict[int, int] = {}  # old index -> new
+    for j, c in enumerate(cands):
+        if c.parent != ANCHOR:
+            if c.parent not in index or is_end(cands[c.parent].token):
+                continue
+            c.parent = index[c.parent]
+        index[j] = len(kept)
+        kept.append(c)
+    return kept
 
 
 def check_topological(cands: list[Candidate]) -> None:

@@ -31,8 +31,14 @@ ALT_CONTEXT = COPY_MIN  # the context whose other continuations become sibling c
 ALT_DEPTH = 8  # a sibling chain's most nodes: its deep nodes are seldom worth a row, and each costs pricing
 
 COPY, FOLLOW, COPY_ALT, FOLLOW_ALT = "copy", "follow", "copy-alt", "follow-alt"
+# A copy whose match reaches back past the reply's first token. At a reply's start the chat
+# template's tail ("<|im_end|>\n<|im_start|>assistant\n") matches the start of every earlier
+# reply, so the match is long but says only that the reply may begin as an earlier one did; its
+# own kind gives it buckets of its own, which learn what such a match is worth (priced as a plain
+# copy it was over-priced by a third: ARCHITECTURE.md, section 5).
+COPY_START = "copy-start"
 MEMORY = "memory"  # a chain read from the n-gram memory of earlier requests (memory.py)
-_COPY_KINDS = (COPY, COPY_ALT, MEMORY)  # evidence is a match length
+_COPY_KINDS = (COPY, COPY_START, COPY_ALT, MEMORY)  # evidence is a match length
 _FOLLOW_KINDS = (FOLLOW, FOLLOW_ALT)
 
 
@@ -90,6 +96,7 @@ class SuffixIndex:
             raise ValueError(f"max_match must be at least {COPY_MIN}")
         self.max_match = max_match
         self.tokens: list[int] = []
+        self.start = 0  # where the reply begins: the tokens before it are the prompt (``NgramSource.begin``)
         self._end_of: dict[tuple[int, ...], int] = {}  # gram -> end index of latest occurrence
         self._prev: list[list[int]] = [[] for _ in range(max_match + 1)]  # [k][e]; k = 0 unused
         # Longest suffix of ``tokens`` (any length up to max_match) that is in the index, and the
@@ -203,7 +210,8 @@ class SuffixIndex:
                 for f, _, last in self.followers(self.tail(extra, m)):
                     if f != t:
                         others.append((f, COPY_ALT, m, last + 1, m + 1))
-            return t, COPY, length, p + 1, length + 1, others
+            kind = COPY_START if length > n + len(extra) - self.start else COPY
+            return t, kind, length, p + 1, length + 1, others
         # Follower mode: no earlier passage matches COPY_MIN tokens, so a single continuation is
         # weak evidence; vote among the followers of the last three tokens instead.
         if not extra and self._match < FOLLOWER_CONTEXT:
@@ -420,6 +428,7 @@ class NgramSource:
     def begin(self, tokens: list[int]) -> None:
         self.index = SuffixIndex()
         self.index.extend(tokens)
+        self.index.start = len(tokens)
 
     def propose(self, cands: list[Candidate], depth_limit: int) -> None:
         fill(cands, self.index, min(depth_limit, tree.MAX_CHAIN_DEPTH), self.max_alts, self.memory)

@@ -15,6 +15,7 @@ are plain decoding: width 1 is a first-class width (one row, no candidates).
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 import time
@@ -335,6 +336,7 @@ class Generation:
         if len(prompt) >= target.n_ctx:
             raise InputError(f"the prompt has {len(prompt)} tokens; the context holds {target.n_ctx} (use --n-ctx)")
         self.target = target
+        self._is_end = functools.lru_cache(maxsize=None)(target.is_eog)  # asked of every candidate's token
         self.arm = arm
         self.max_tokens = max_tokens
         self.request_id = request_id
@@ -457,7 +459,12 @@ class Generation:
         t0 = self.clock()
         if rnd == 0:
             self._t_start = t0
-        cands = propose_round(self.proposers, min(arm.max_width - 1, room - 1))
+        # No deeper than the context's room, the arm's width or the tokens the reply may still
+        # emit less one (with b to go, a path of b - 1 and the target's own next token already
+        # make b: a deeper row adds nothing whatever it holds), and nothing below an end token.
+        budget = self.max_tokens - len(self.tokens)
+        depth_limit = min(arm.max_width - 1, room - 1, budget - 1)
+        cands = tree.cut_below_ends(propose_round(self.proposers, depth_limit), self._is_end)
         p_src = self.ngram.p_src if self.ngram is not None else None
         # Cells: the committed prefix plus the verify's rows must fit the context.
         max_rows = max(1, min(arm.max_width, getattr(target, "max_width", tree.MAX_WIDTH), target.n_ctx - target.n_past))

@@ -108,3 +108,19 @@ def test_check_topological():
     tree.check_topological(make([(1, ANCHOR, PICK, .5), (2, 0, PICK, .5)]))
     with pytest.raises(ValueError):
         tree.check_topological([Candidate(1, 1, PICK, 1), Candidate(2, ANCHOR, PICK, 1)])
+
+
+def test_cut_below_ends_drops_what_hangs_below_an_end_token_and_reindexes_parents():
+    end = 99
+    # 0: 1 <- anchor; 1: end <- 0; 2: 3 <- 1 (below the end); 3: 4 <- 0; 4: 5 <- 2 (below it too);
+    # 5: 6 <- 3; 6: end <- anchor, 7: 8 <- 6 (below the second end)
+    cands = make([(1, ANCHOR, PICK, 0.5), (end, 0, NGRAM, 0.5), (3, 1, NGRAM, 0.5), (4, 0, SIBLING, 0.5),
+                  (5, 2, NGRAM, 0.5), (6, 3, NGRAM, 0.5), (end, ANCHOR, SIBLING, 0.2), (8, 6, NGRAM, 0.5)])
+    kept = tree.cut_below_ends(cands, lambda t: t == end)
+    assert [(c.token, c.parent) for c in kept] == [(1, ANCHOR), (end, 0), (4, 0), (6, 2), (end, ANCHOR)]
+    tree.check_topological(kept)
+
+
+def test_cut_below_ends_keeps_a_tree_without_end_tokens_as_it_is():
+    cands = make([(1, ANCHOR, PICK, 0.5), (2, 0, NGRAM, 0.5)])
+    assert tree.cut_below_ends(cands, lambda t: t == 99) is cands

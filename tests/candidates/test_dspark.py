@@ -69,8 +69,12 @@ def test_dspark_decodes_exactly_and_its_cache_follows_the_targets(lm, dspark):
         assert drafter.n_past == target.n_past and drafter.ctx.pos_range() == (0, target.n_past - 1)
         assert drafter.anchor == target.anchor
         drafted = [c for c in rec.candidates if c["source"] in (PICK, SIBLING)]
-        depth_limit = min(gen.arm.max_width - 1, target.n_ctx - rec.context)
-        assert len(drafted) == min(B, depth_limit) * K
+        # no deeper than the arm, the context or the tokens the reply may still emit less one,
+        # and nothing below a pick that is an end token
+        budget = gen.max_tokens - (len(gen.tokens) - len(rec.emitted))
+        n = min(B, gen.arm.max_width - 1, target.n_ctx - rec.context, budget - 1)
+        ends = [i for i, c in enumerate(c for c in drafted if c["source"] == PICK) if lm.is_eog(c["token"])]
+        assert len(drafted) == min([n, *(i + 1 for i in ends[:1])]) * K
         confidences.update(c["h"] for c in drafted)
         rounds.append(rec.round)
 

@@ -8,9 +8,11 @@ from adaspark_core.candidates.ngram import (
     COPY,
     COPY_ALT,
     COPY_MIN,
+    COPY_START,
     FOLLOW,
     FOLLOW_ALT,
     MAX_SCAN,
+    NgramSource,
     SuffixIndex,
     bucket,
     evidence_bin,
@@ -386,3 +388,20 @@ def test_property_random_texts_give_well_formed_trees():
         else:
             hit = at_anchor[first]
             assert hit.source == NGRAM or hit.agreed
+
+
+def test_a_copy_whose_match_reaches_into_the_prompt_is_a_copy_start_until_the_reply_repeats_itself():
+    # The prompt ends as an earlier passage of it did (a chat template's tail does at every turn):
+    # the copy that match proposes at the reply's start says only that the reply may begin as
+    # the earlier text went on, so it has a kind, and buckets, of its own.
+    src = NgramSource(max_alts=0)
+    src.begin([50, 1, 2, 3, 4, 60, 61, 1, 2, 3, 4])
+    cands = []
+    src.propose(cands, depth_limit=4)
+    assert [(c.token, c.kind) for c in cands] == [(60, COPY_START), (61, COPY_START), (1, COPY_START), (2, COPY_START)]
+    assert cands[0].bucket.startswith("copy-start/")
+    # Once the reply repeats a passage of its own, the match lies within the reply: a plain copy.
+    src.accept([70, 71, 72, 73, 80, 70, 71, 72, 73], [], [])
+    cands = []
+    src.propose(cands, depth_limit=1)
+    assert [(c.token, c.kind, c.evidence) for c in cands] == [(80, COPY, 4)]

@@ -145,3 +145,19 @@ def test_the_last_round_learns_after_its_tokens_are_out(tmp_path):
         assert gen.finish == "length" and rounds_at_last_yield == len(seen) - 1  # not learned yet
         del gen  # closing the generator settles the last round
     assert learners.policy.cost.rounds == len(seen) == len(list(read_log(path)))
+
+
+def test_no_row_is_verified_below_an_end_token_or_past_the_replys_budget():
+    # Rows below the end token, or deeper than the tokens the reply may still emit, are lost
+    # whatever the target says there; they must not be proposed, priced or verified.
+    seq = [11, 12, 13, 14, 15, 0]
+    t = FakeTarget(cyclic(seq), eog=0)
+    gen = run(t, seq * 3 + [11], parse_arm("tree:16"), max_tokens=100)
+    assert gen.tokens == [12, 13, 14, 15] and gen.finish == "stop"
+    for lay in t.verifies:
+        assert all(lay.token[p] != 0 for p in lay.parent_row if p >= 0)
+    t = FakeTarget(cyclic(SEQ))
+    gen = run(t, SEQ * 3 + SEQ[:3], parse_arm("tree:16"), max_tokens=5)
+    assert gen.tokens == [SEQ[(3 + i) % len(SEQ)] for i in range(5)]
+    assert t.verifies[0].max_depth == 4  # 5 to go: a path of 4 and the target's own token make 5
+    assert len(t.verifies) == 1
