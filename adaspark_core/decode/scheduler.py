@@ -365,6 +365,7 @@ class Generation:
         self.learners = learners
         self.tokens: list[int] = []  # the reply, end token excluded
         self.finish: str | None = None
+        self.end_token: int | None = None  # the end-of-generation token a stopped reply ended on
         self.last_record: RoundRecord | None = None
         self.stats = Stats()
         self._t_start = 0.0  # the first round's start, the zero of the records' ``start``
@@ -503,6 +504,8 @@ class Generation:
         for source in self.proposers:
             source.accept(committed, verified, on_path)
         emitted = committed[:-1] if finish == STOP else committed
+        if finish == STOP:
+            self.end_token = committed[-1]
         self.tokens.extend(emitted)
         if finish is None and target.room() <= 0:
             finish = CONTEXT

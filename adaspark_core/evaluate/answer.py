@@ -16,6 +16,8 @@ class Answer:
     # [[tokens so far, seconds since the first delta], ...], one entry per streamed delta (client
     # clock); None for an arm that cannot tell, whose replies then stay out of the first-N ratio.
     trace: list[list] | None = None
+    # The end-of-generation token a stopped reply ended on, where the arm can tell (our arms).
+    end: int | None = None
 
 
 TRACE_DIGITS = 6  # seconds rounded to a microsecond: far below a delta's spacing, and compact

@@ -124,7 +124,7 @@ class SchedulerArm:
                 trace.append(trace_point(st.generated, st.t_last - st.t_first))
         text = b"".join(map(self.target.piece, gen.tokens)).decode("utf-8", "replace")
         return Answer(gen.tokens, text, st.decode_tps, gen.finish,
-                      {str(w): n for w, n in sorted(st.widths.items())}, trace or None)
+                      {str(w): n for w, n in sorted(st.widths.items())}, trace or None, gen.end_token)
 
 
 class PromptLookupArm:
@@ -348,7 +348,7 @@ def _pass(convs: list[Conversation], arms: list, chat_prompt, n_ctx: int, max_to
                     ans = _answer(arm, prompt, max_tokens, f"{tag}{conv.name}/{ti}/{reply}", repeat)
                     if traces is not None and arm is arms[0]:
                         write_trace(traces, Trace(f"{conv.name}/{ti}/{reply}", conv.set, conv.name, ti, reply,
-                                                  list(prompt), list(ans.tokens), ans.finish))
+                                                  list(prompt), list(ans.tokens), ans.finish, ans.end, max_tokens))
                     records.append({"arm": arm.name, "source": conv.set, "conversation": conv.name, "turn": ti,
                                     "reply": reply, "tok_s": ans.tok_s, "tokens": len(ans.tokens),
                                     "capped": ans.finish == "length", "context": len(prompt), "finish": ans.finish,

@@ -34,7 +34,7 @@ from adaspark_core.learn.learned import Learners
 from adaspark_core.store.record import RoundLog, read_log
 
 TRACE_SCHEMA = 1
-END = -2  # the target's token after a reply that stopped (its end-of-generation token)
+END = -2  # the target's token after a reply that stopped, where the trace did not keep the model's own
 OFF = -3  # the target's token where the trace says nothing (past a capped reply, off its path)
 
 
@@ -48,11 +48,21 @@ class Trace:
     prompt: list[int]
     tokens: list[int]  # the emitted tokens, the end token excluded
     finish: str  # stop, length or context
+    # The model's end-of-generation token a stopped reply ended on, and the reply's cap
+    # (max_tokens); None in traces written before they were kept. Without them the simulated
+    # reply ends on a token no candidate can hold (END), capped at its own length plus the end,
+    # so no round can verify rows past the end as the real decode did.
+    end: int | None = None
+    max_tokens: int | None = None
 
     def to_json(self) -> dict:
-        return {"schema": TRACE_SCHEMA, "request": self.request, "source": self.source,
-                "conversation": self.conversation, "turn": self.turn, "reply": self.reply,
-                "prompt": self.prompt, "tokens": self.tokens, "finish": self.finish}
+        d = {"schema": TRACE_SCHEMA, "request": self.request, "source": self.source,
+             "conversation": self.conversation, "turn": self.turn, "reply": self.reply,
+             "prompt": self.prompt, "tokens": self.tokens, "finish": self.finish}
+        for k in ("end", "max_tokens"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        return d
 
 
 def write_trace(path: str | os.PathLike, trace: Trace) -> None:
@@ -78,7 +88,7 @@ def read_traces(paths: Iterable[str | os.PathLike]) -> list[Trace]:
                     raise ValueError(f"schema {d.get('schema')!r}, this version reads {TRACE_SCHEMA}")
                 t = Trace(str(d["request"]), str(d["source"]), str(d["conversation"]), int(d["turn"]),
                           int(d["reply"]), [int(x) for x in d["prompt"]], [int(x) for x in d["tokens"]],
-                          str(d["finish"]))
+                          str(d["finish"]), *(None if d.get(k) is None else int(d[k]) for k in ("end", "max_tokens")))
                 if not t.prompt:
                     raise ValueError("the prompt is empty")
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
@@ -117,15 +127,18 @@ class TraceTarget(SimTarget):
 
     def __init__(self, trace: Trace, costs: MeasuredCosts, clock: VirtualClock, n_ctx: int, noise: Interference):
         super().__init__(costs, _TraceText(trace), clock, n_ctx=n_ctx, noise=noise)
+        self.end = END if trace.end is None else trace.end
 
     def is_eog(self, token: int) -> bool:
-        return token == END
+        # The model's own end token, where the trace kept it: a copy of an earlier turn proposes
+        # it, and the end cut (tree.cut_below_ends) drops what hangs below it, as on the model.
+        return token == self.end
 
 
 class _TraceText:
     def __init__(self, trace: Trace):
         self.tokens = trace.prompt + trace.tokens
-        self.after = END if trace.finish == "stop" else OFF
+        self.after = (END if trace.end is None else trace.end) if trace.finish == "stop" else OFF
 
     def truth(self, pos: int) -> int:
         if pos < len(self.tokens):
@@ -171,8 +184,9 @@ def _decode(t: Trace, arm, costs: MeasuredCosts, n_ctx: int, learners: dict, log
             tag: str) -> dict:
     clock = VirtualClock()
     target = TraceTarget(t, costs, clock, n_ctx, Interference(seed=seed * 1_000_003 + i))
-    # A stopped reply stops on its own (the end token); a capped one at its length.
-    cap = len(t.tokens) if t.finish != "stop" else len(t.tokens) + 1
+    # A stopped reply stops on its own (the end token) under the cap it was decoded with; a capped
+    # one at its length.
+    cap = len(t.tokens) if t.finish != "stop" else t.max_tokens or len(t.tokens) + 1
     gen = Generation(target, t.prompt, arm, max(cap, 1), request_id=tag + t.request, log=log, clock=clock,
                      learners=learners.get(arm.name))
     trace: list[list] = []

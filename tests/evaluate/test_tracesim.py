@@ -98,3 +98,27 @@ def test_simulate_command_prints_compare_tables(tmp_path):
     res = adaspark("simulate", traces, "--costs", FIXTURE_LOG, "--arms", "chain:3,adaspark", "--resamples", 100)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("simulated: 3 traced replies") and "chain:3" in res.stdout and "adaspark" in res.stdout
+
+
+def test_a_trace_that_keeps_its_end_token_ends_as_the_model_does(tmp_path):
+    # An earlier turn in the prompt ends on the model's end token (5) and the reply copies that
+    # turn to its end, well under its cap: the copy proposes the end token, which the simulated
+    # target gives as the model did, so the round that reaches it ends the reply, and nothing
+    # below it is verified. A trace of before (no end token, no cap) ends on a token no candidate
+    # holds, capped at its own length.
+    passage = list(range(1000, 1030))
+    prompt = list(range(10, 30)) + passage + [5] + list(range(60, 64)) + passage[:6]
+    kept = Trace("e/0", "copies", "e", 0, 0, prompt, passage[6:], "stop", end=5, max_tokens=128)
+    write_trace(tmp_path / "t.jsonl", kept)
+    assert read_traces([tmp_path / "t.jsonl"]) == [kept]
+    sentinel = Trace("s/0", "copies", "s", 0, 0, prompt, passage[6:], "stop")  # a trace of before
+    recs = simulate([kept, sentinel], ["tree:16"], costs(), log_dir=tmp_path)
+    assert [r["finish"] for r in recs] == ["stop", "stop"]
+    log = list(read_log(tmp_path / "tree_16.jsonl"))
+    last = {r.request: r for r in log if r.last}
+    assert [last["e/0"].candidates[j]["token"] for j in last["e/0"].path][-1] == 5
+    assert 5 not in [last["s/0"].candidates[j]["token"] for j in last["s/0"].path]
+    for r in log:
+        if r.request == "e/0":
+            assert all(r.candidates[r.candidates[j]["parent"]]["token"] != 5 for j in r.rows[1:]
+                       if r.candidates[j]["parent"] >= 0)
