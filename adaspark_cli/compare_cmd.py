@@ -68,7 +68,7 @@ def compare(
         if warm_on not in ("all", "first-half"):
             raise InputError(f"unknown --warm-on {warm_on!r}: use all or first-half")
         convs = load_workload(sets, subset, max_turns)
-        warm_convs = cmp.first_halves(convs) if warm_on == "first-half" else None
+        warm_convs = testset.first_halves(convs) if warm_on == "first-half" else None
         if logs is not None and logs.exists() and not logs.is_dir():
             raise InputError(f"--logs wants a folder: {logs} is a file")
         if out is not None:  # found unwritable now, not after the whole run
@@ -84,11 +84,7 @@ def compare(
             if skipped:
                 sys.stderr.write(f"adaspark: note: {skipped} of {turns} turns left out: their conversations "
                                  f"outgrew {fit}\n")
-            summary = summarize(replies, names, baseline="ar", resamples=resamples, band_by="midpoint")
-            if warm_convs is not None and warm:
-                summary["held_out"] = {half: summarize(part, names, baseline="ar", resamples=resamples, band_by="midpoint")
-                                       for half, seen in (("seen", True), ("unseen", False))
-                                       if (part := [r for r in replies if r["warmed"] == seen])}
+            summary = _summary(replies, names, resamples, held_out=warm_convs is not None and warm > 0)
             if out is not None:
                 write_results(out, replies, summary, rt.model, rt.drafter, names,
                               {"max_tokens": max_tokens, "subset": subset, "repeat": repeat, "n_ctx": rt.target.n_ctx,
@@ -106,11 +102,27 @@ def compare(
             store = f"warm store ({warm} untimed pass{'es' if warm > 1 else ''} first)" if warm else "cold store"
             sys.stdout.write(f"model {rt.model.path.name}, {len(convs)} conversations, replies capped at {max_tokens} "
                              f"tokens, subset {subset}, learning arms from a {store}\n")
-            sys.stdout.write(tables(summary))
-            for half, what in (("seen", "the warm passes saw"), ("unseen", "the warm passes did not see (held out)")):
-                if half in summary.get("held_out", {}):
-                    n = len({r["conversation"] for r in replies if r["warmed"] == (half == "seen")})
-                    sys.stdout.write(f"\nThe {n} conversations {what}\n" + tables(summary["held_out"][half]))
+            sys.stdout.write(_tables(summary, replies))
+
+
+def _summary(replies: list[dict], names: list[str], resamples: int, held_out: bool) -> dict:
+    """compare's and simulate's summary; with ``held_out``, the halves the warm passes saw and
+    did not see (``--warm-on first-half``) apart as well."""
+    summary = summarize(replies, names, baseline="ar", resamples=resamples, band_by="midpoint")
+    if held_out:
+        summary["held_out"] = {half: summarize(part, names, baseline="ar", resamples=resamples, band_by="midpoint")
+                               for half, seen in (("seen", True), ("unseen", False))
+                               if (part := [r for r in replies if r["warmed"] == seen])}
+    return summary
+
+
+def _tables(summary: dict, replies: list[dict]) -> str:
+    out = tables(summary)
+    for half, what in (("seen", "the warm passes saw"), ("unseen", "the warm passes did not see (held out)")):
+        if half in summary.get("held_out", {}):
+            n = len({r["conversation"] for r in replies if r["warmed"] == (half == "seen")})
+            out += f"\nThe {n} conversations {what}\n" + tables(summary["held_out"][half])
+    return out
 
 
 def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int, logs, memory_mb: float = 0.0,
@@ -206,6 +218,7 @@ def simulate(
     costs: List[Path] = typer.Option(..., "--costs", help="Round logs whose verify times price the simulated verifies (repeat it; a bench's logs of several arms measure several widths)."),
     arms: str = typer.Option("ar,chain:3,pinned:4,adaspark", "--arms", help="Comma-separated scheduler arms: ar, chain:N, tree:N, pinned:N, cost, adaspark (ar always runs: it is the baseline)."),
     warm: int = typer.Option(0, "--warm", min=0, help="Run the learning arms over the traces K times first, untimed: a warm store."),
+    warm_on: str = typer.Option("all", "--warm-on", help="all: warm passes over every trace; first-half: over the traces of the first half of each source's conversations only, and the report adds the seen and unseen halves apart (held-out)."),
     logs: Optional[Path] = typer.Option(None, "--logs", help="Folder for one round log per arm (for adaspark replay --regret)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the simulated verify-time interference."),
     resamples: int = typer.Option(2000, "--resamples", min=100, help="Bootstrap resamples (seeded)."),
@@ -222,10 +235,13 @@ def simulate(
             raise InputError(f"an arm is named twice in --arms {arms!r}")
         if logs is not None and logs.exists() and not logs.is_dir():
             raise InputError(f"--logs wants a folder: {logs} is a file")
+        if warm_on not in ("all", "first-half"):
+            raise InputError(f"unknown --warm-on {warm_on!r}: use all or first-half")
         cost_table = tracesim.MeasuredCosts(costs)
         workload = tracesim.read_traces(traces)
-        replies = tracesim.simulate(workload, names, cost_table, warm=warm, log_dir=logs, seed=seed)
-        summary = summarize(replies, names, baseline="ar", resamples=resamples, band_by="midpoint")
+        seen = tracesim.first_half_conversations(workload) if warm_on == "first-half" else None
+        replies = tracesim.simulate(workload, names, cost_table, warm=warm, log_dir=logs, seed=seed, warm_on=seen)
+        summary = _summary(replies, names, resamples, held_out=seen is not None and warm > 0)
         if as_json:
             sys.stdout.write(orjson.dumps(summary).decode() + "\n")
         else:
@@ -233,4 +249,4 @@ def simulate(
             sys.stdout.write(f"simulated: {len(workload)} traced replies, verify times from {len(costs)} log(s) "
                              f"(widths {', '.join(map(str, cost_table.table.widths))}), learning arms from a {store}; "
                              f"host time not simulated\n")
-            sys.stdout.write(tables(summary))
+            sys.stdout.write(_tables(summary, replies))

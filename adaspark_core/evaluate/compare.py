@@ -233,7 +233,7 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
 
     ``warm``: first run the learning arms (those with learners: adaspark, cost, pinned:N; a sampling
     arm samples, with the seed ``warm_seed`` gives each pass) over the whole workload (or over
-    ``warm_convs``, e.g. ``first_halves(convs)`` for a held-out measurement) that many times,
+    ``warm_convs``, e.g. ``testset.first_halves(convs)`` for a held-out measurement) that many times,
     untimed and unrecorded (request ids ``warm<k>:...``), so the measured pass starts from the store
     they learned. Each record says whether its conversation was in the warm passes (``warmed``).
     ``log_dir``: a round log per scheduler arm of the measured pass, ``<arm>.jsonl`` (``:`` as
@@ -290,15 +290,6 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
     for r in records:
         r["warmed"] = r["conversation"] in seen
     return records
-
-
-def first_halves(convs: list[Conversation]) -> list[Conversation]:
-    """The first half (rounded up) of each source's conversations: a warm-up that leaves the
-    second halves unseen, to measure what a warm store gives on text it has not met."""
-    by_source: dict[str, list[Conversation]] = {}
-    for c in convs:
-        by_source.setdefault(c.set, []).append(c)
-    return [c for group in by_source.values() for c in group[: (len(group) + 1) // 2]]
 
 
 TRACES = "traces.jsonl"

@@ -81,3 +81,12 @@ def load_sources(names: list[str], directory: Path | None = None) -> list[Conver
 
 def user_message(turn: dict) -> dict:
     return {"role": "user", "content": turn["text"]}
+
+
+def first_halves(items: list, source=lambda c: c.set) -> list:
+    """The first half (rounded up) of each source's conversations, in order: a warm-up that leaves
+    the second halves unseen, to measure what a warm store gives on text it has not met."""
+    by_source: dict = {}
+    for c in items:
+        by_source.setdefault(source(c), []).append(c)
+    return [c for group in by_source.values() for c in group[: (len(group) + 1) // 2]]

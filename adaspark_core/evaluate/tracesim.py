@@ -30,6 +30,7 @@ from adaspark_core.base.errors import InputError
 from adaspark_core.decode.scheduler import Generation, parse_arm
 from adaspark_core.engine.sim import Interference, SimTarget, VirtualClock
 from adaspark_core.evaluate.regret import CostTable
+from adaspark_core.evaluate.testset import first_halves
 from adaspark_core.learn.learned import Learners
 from adaspark_core.store.record import RoundLog, read_log
 
@@ -146,12 +147,21 @@ class _TraceText:
         return self.after if pos == len(self.tokens) else OFF
 
 
+def first_half_conversations(traces: list[Trace]) -> set[str]:
+    """The conversations of the first half of each source's, in trace order (compare's
+    ``--warm-on first-half`` rule)."""
+    convs = list(dict.fromkeys((t.source, t.conversation) for t in traces))
+    return {name for _, name in first_halves(convs, source=lambda c: c[0])}
+
+
 def simulate(traces: list[Trace], arms: list[str], costs: MeasuredCosts, warm: int = 0,
-             log_dir: Path | None = None, seed: int = 0, progress=None) -> list[dict]:
+             log_dir: Path | None = None, seed: int = 0, progress=None,
+             warm_on: set[str] | None = None) -> list[dict]:
     """Every arm over every trace, in trace order (the learning arms carry their learners from
     one trace to the next, as a serving process does), after ``warm`` untimed passes of the
-    learning arms. Returns one reply record per (arm, trace) in ``stats``'s format, the speed on
-    the virtual clock."""
+    learning arms over the traces of the ``warm_on`` conversations (None: all). Returns one reply
+    record per (arm, trace) in ``stats``'s format, the speed on the virtual clock, with whether
+    the warm passes saw its conversation (``warmed``)."""
     specs = [parse_arm(a) for a in arms]
     learners = {a.name: Learners() for a in specs if a.learns}
     n_ctx = max(len(t.prompt) + len(t.tokens) for t in traces) + 64
@@ -166,12 +176,16 @@ def simulate(traces: list[Trace], arms: list[str], costs: MeasuredCosts, warm: i
     try:
         for k in range(warm):
             for i, t in enumerate(traces):
+                if warm_on is not None and t.conversation not in warm_on:
+                    continue
                 for a in (s for s in specs if s.learns):
                     _decode(t, a, costs, n_ctx, learners, logs.get("warm-" + a.name), seed, i, f"warm{k + 1}:")
         replies = []
         for i, t in enumerate(traces):
             for a in specs:
-                replies.append(_decode(t, a, costs, n_ctx, learners, logs.get(a.name), seed, i, ""))
+                rec = _decode(t, a, costs, n_ctx, learners, logs.get(a.name), seed, i, "")
+                rec["warmed"] = warm > 0 and (warm_on is None or t.conversation in warm_on)
+                replies.append(rec)
                 if progress:
                     progress()
         return replies

@@ -9,7 +9,14 @@ from helpers import adaspark, assert_one_error_line
 
 from adaspark_core.base.errors import InputError
 from adaspark_core.evaluate.replay import replay
-from adaspark_core.evaluate.tracesim import MeasuredCosts, Trace, read_traces, simulate, write_trace
+from adaspark_core.evaluate.tracesim import (
+    MeasuredCosts,
+    Trace,
+    first_half_conversations,
+    read_traces,
+    simulate,
+    write_trace,
+)
 from adaspark_core.store.record import read_log
 
 FIXTURE_LOG = ROOT / "fixtures" / "logs" / "rounds.jsonl"
@@ -98,6 +105,23 @@ def test_simulate_command_prints_compare_tables(tmp_path):
     res = adaspark("simulate", traces, "--costs", FIXTURE_LOG, "--arms", "chain:3,adaspark", "--resamples", 100)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("simulated: 3 traced replies") and "chain:3" in res.stdout and "adaspark" in res.stdout
+    res = adaspark("simulate", traces, "--costs", FIXTURE_LOG, "--arms", "adaspark", "--resamples", 100,
+                   "--warm", 1, "--warm-on", "first-half")
+    assert res.returncode == 0, res.stderr
+    assert "The 2 conversations the warm passes saw" in res.stdout
+    assert "The 1 conversations the warm passes did not see (held out)" in res.stdout
+    res = adaspark("simulate", traces, "--costs", FIXTURE_LOG, "--warm-on", "half")
+    assert_one_error_line(res, "unknown --warm-on 'half'")
+
+
+def test_warm_passes_over_the_first_half_leave_the_second_unseen(tmp_path):
+    traces = [copy_trace("a/0"), copy_trace("a/1", turn=1), copy_trace("b/0"), copy_trace("c/0")]
+    seen = first_half_conversations(traces)
+    assert seen == {"a", "b"}  # of one source's three conversations, the first half rounded up
+    recs = simulate(traces, ["ar", "adaspark"], costs(), warm=1, log_dir=tmp_path, warm_on=seen)
+    assert {r.request for r in read_log(tmp_path / "warm-adaspark.jsonl")} == {"warm1:a/0", "warm1:a/1", "warm1:b/0"}
+    assert {(r["conversation"], r["warmed"]) for r in recs} == {("a", True), ("b", True), ("c", False)}
+    assert not any(r["warmed"] for r in simulate(traces[:1], ["ar"], costs()))  # cold: nothing was seen
 
 
 def test_a_trace_that_keeps_its_end_token_ends_as_the_model_does(tmp_path):
