@@ -127,8 +127,9 @@ class TraceTarget(SimTarget):
     """A simulated target whose greedy text is one trace and whose verify times are measured."""
 
     def __init__(self, trace: Trace, costs: MeasuredCosts, clock: VirtualClock, n_ctx: int, noise: Interference):
-        super().__init__(costs, _TraceText(trace), clock, n_ctx=n_ctx, noise=noise)
-        self.end = END if trace.end is None else trace.end
+        text = _TraceText(trace)
+        super().__init__(costs, text, clock, n_ctx=n_ctx, noise=noise)
+        self.end = text.end
 
     def is_eog(self, token: int) -> bool:
         # The model's own end token, where the trace kept it: a copy of an earlier turn proposes
@@ -139,7 +140,8 @@ class TraceTarget(SimTarget):
 class _TraceText:
     def __init__(self, trace: Trace):
         self.tokens = trace.prompt + trace.tokens
-        self.after = (END if trace.end is None else trace.end) if trace.finish == "stop" else OFF
+        self.end = END if trace.end is None else trace.end
+        self.after = self.end if trace.finish == "stop" else OFF
 
     def truth(self, pos: int) -> int:
         if pos < len(self.tokens):
