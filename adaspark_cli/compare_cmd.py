@@ -65,8 +65,7 @@ def compare(
         if subset not in cmp.SUBSETS:
             raise InputError(f"unknown subset {subset!r}: use {', '.join(cmp.SUBSETS)}")
         how = console.sampling(temperature, sample_top_k, top_p, min_p, seed)
-        if warm_on not in ("all", "first-half"):
-            raise InputError(f"unknown --warm-on {warm_on!r}: use all or first-half")
+        _check_warm_on(warm_on)
         convs = load_workload(sets, subset, max_turns)
         warm_convs = testset.first_halves(convs) if warm_on == "first-half" else None
         if logs is not None and logs.exists() and not logs.is_dir():
@@ -103,6 +102,11 @@ def compare(
             sys.stdout.write(f"model {rt.model.path.name}, {len(convs)} conversations, replies capped at {max_tokens} "
                              f"tokens, subset {subset}, learning arms from a {store}\n")
             sys.stdout.write(_tables(summary, replies))
+
+
+def _check_warm_on(warm_on: str) -> None:
+    if warm_on not in ("all", "first-half"):
+        raise InputError(f"unknown --warm-on {warm_on!r}: use all or first-half")
 
 
 def _summary(replies: list[dict], names: list[str], resamples: int, held_out: bool) -> dict:
@@ -235,8 +239,7 @@ def simulate(
             raise InputError(f"an arm is named twice in --arms {arms!r}")
         if logs is not None and logs.exists() and not logs.is_dir():
             raise InputError(f"--logs wants a folder: {logs} is a file")
-        if warm_on not in ("all", "first-half"):
-            raise InputError(f"unknown --warm-on {warm_on!r}: use all or first-half")
+        _check_warm_on(warm_on)
         cost_table = tracesim.MeasuredCosts(costs)
         workload = tracesim.read_traces(traces)
         seen = tracesim.first_half_conversations(workload) if warm_on == "first-half" else None

@@ -73,8 +73,11 @@ def test_dspark_decodes_exactly_and_its_cache_follows_the_targets(lm, dspark):
         # and nothing below a pick that is an end token
         budget = gen.max_tokens - (len(gen.tokens) - len(rec.emitted))
         n = min(B, gen.arm.max_width - 1, target.n_ctx - rec.context, budget - 1)
-        ends = [i for i, c in enumerate(c for c in drafted if c["source"] == PICK) if lm.is_eog(c["token"])]
-        assert len(drafted) == min([n, *(i + 1 for i in ends[:1])]) * K
+        picks = [c["token"] for c in drafted if c["source"] == PICK]
+        ends = [i for i, tok in enumerate(picks) if lm.is_eog(tok)]
+        if ends:
+            n = min(n, ends[0] + 1)
+        assert len(drafted) == n * K
         confidences.update(c["h"] for c in drafted)
         rounds.append(rec.round)
 
