@@ -244,18 +244,25 @@ def stop_cut(accepted: list[int], is_eog: Callable[[int], bool], budget: int) ->
 class Stats:
     """A reply's statistics. Decode speed is on the client clock: tokens emitted after the first
     delta over the time from the first delta to the last (the first delta's time includes the
-    prefill, so it is the interval's start, not a token of it)."""
+    prefill, so it is the interval's start, not a token of it: the paper's rule, under which a
+    reply that came as one delta has no speed).
+
+    ``trace`` also keeps where the decode began (the first round's start, after the prefill), so
+    the first-N ratio (evaluate/stats.py) can time a reply from there and count one that the
+    first round emitted whole."""
 
     generated: int = 0
     rounds: int = 0
     widths: Counter = field(default_factory=Counter)  # verified rows -> rounds
     accepted: Counter = field(default_factory=Counter)  # accepted draft tokens -> rounds
     first_delta_tokens: int = 0
+    t_decode: float | None = None  # the first round's start
     t_first: float | None = None
     t_last: float | None = None
     verify_ms: float = 0.0
     draft_ms: float = 0.0
     host_ms: float = 0.0
+    deltas: list = field(default_factory=list)  # (tokens so far, clock) per delta
 
     def delta(self, n: int, now: float) -> None:
         if n <= 0:
@@ -265,6 +272,15 @@ class Stats:
             self.first_delta_tokens = n
         self.t_last = now
         self.generated += n
+        self.deltas.append((self.generated, now))
+
+    def trace(self) -> list[tuple[int, float]]:
+        """(tokens so far, seconds since the first delta) per delta, led by the decode's start,
+        (0, its time before the first delta), where it is known."""
+        if self.t_first is None:
+            return []
+        start = [(0, self.t_decode - self.t_first)] if self.t_decode is not None else []
+        return start + [(n, t - self.t_first) for n, t in self.deltas]
 
     @property
     def decode_seconds(self) -> float:
@@ -368,7 +384,6 @@ class Generation:
         self.end_token: int | None = None  # the end-of-generation token a stopped reply ended on
         self.last_record: RoundRecord | None = None
         self.stats = Stats()
-        self._t_start = 0.0  # the first round's start, the zero of the records' ``start``
         self._unsettled: RoundRecord | None = None  # the latest round, until it has learned
         self._closed = False
         self.batched = False  # decoded together with other requests (decode/batch.py sets it)
@@ -459,7 +474,7 @@ class Generation:
         target, arm = self.target, self.arm
         t0 = self.clock()
         if rnd == 0:
-            self._t_start = t0
+            self.stats.t_decode = t0  # the zero of the records' ``start``
         # No deeper than the context's room, the arm's width or the tokens the reply may still
         # emit less one (with b to go, a path of b - 1 and the target's own next token already
         # make b: a deeper row adds nothing whatever it holds), and nothing below an end token.
@@ -545,7 +560,7 @@ class Generation:
             emitted=emitted,
             times=Timing(draft=draft_ms, verify=ver.verify_ms, commit=commit_ms,
                          host=ver.host_ms + commit_ms, decode=ver.decode_ms,
-                         start=(plan.t0 - self._t_start) * 1e3),
+                         start=(plan.t0 - self.stats.t_decode) * 1e3),
             first=plan.rnd == 0,
             last=finish is not None,
             finish=finish,

@@ -12,8 +12,9 @@ A tool turn (ToolACE) gives two timed replies when the model calls a tool: the c
 after the recorded result is returned as a ``tool`` message; a reply that calls nothing ends the turn.
 
 Every reply also keeps its delta trace, ``[[tokens so far, seconds since the first delta], ...]`` on
-the client clock, from which stats.py measures every pair of replies over their common first N
-tokens (capped replies included). ``warm`` passes run the learning arms over the whole workload
+the client clock (our arms' led by the decode's start, ``[0, seconds before the first delta]``), from
+which stats.py measures every pair of replies over their common first N tokens (capped replies
+included, and replies our arms emitted in one round). ``warm`` passes run the learning arms over the whole workload
 before the measured pass, untimed and unrecorded, so they are measured from a warm store; the
 learners are the arms' own, so what the warm pass taught them carries into the measured pass.
 """
@@ -115,16 +116,12 @@ class SchedulerArm:
         gen = Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id,
                          learners=learners, drafter=self.drafter, log=self.log, memory=self.memory,
                          remember=remember, sampling=self.sampling)
+        for _ in gen:  # the generation stamps each round's delta on its clock (Stats.delta)
+            pass
         st = gen.stats
-        trace: list[list] = []
-        for _ in gen:
-            # The generation stamps each round's delta on its clock (Stats.delta) before yielding
-            # it; a round that emitted nothing new is not a delta.
-            if st.t_first is not None and st.generated > (trace[-1][0] if trace else 0):
-                trace.append(trace_point(st.generated, st.t_last - st.t_first))
         text = b"".join(map(self.target.piece, gen.tokens)).decode("utf-8", "replace")
-        return Answer(gen.tokens, text, st.decode_tps, gen.finish,
-                      {str(w): n for w, n in sorted(st.widths.items())}, trace or None, gen.end_token)
+        return Answer(gen.tokens, text, st.decode_tps, gen.finish, {str(w): n for w, n in sorted(st.widths.items())},
+                      [trace_point(n, t) for n, t in st.trace()] or None, gen.end_token)
 
 
 class PromptLookupArm:

@@ -39,12 +39,16 @@ The first-N ratio (all paired replies; not the paper's). On a slow machine most 
 cap, and the paper's rule leaves nearly all of them out; this ratio uses them, over a common length:
 
 * A record's ``trace`` lists its streamed deltas on the client clock: ``[tokens so far, seconds
-  since the first delta]``, cumulative, in order (the first entry is the first delta).
+  since the first delta]``, cumulative, in order. Its first entry is the reference point: the
+  first delta, or, for our arms, the decode's start (after the prefill) as ``[0, seconds before
+  the first delta]``, so that a reply the first round emitted whole still has an interval.
 * For a pair, N = min of the two replies' token counts (the traces' last counts), capped replies
-  included. In each arm take the FIRST delta whose count reaches N; its speed is (that count minus
-  the first delta's count) over (that delta's time minus the first delta's time): tokens after the
-  first delta, as ``tok_s``, over about N tokens in both arms. The ratio is arm speed / base speed.
-* A pair where either arm reaches N at its first delta, or in no time, has no interval: left out and
+  included. In each arm take the FIRST entry whose count reaches N; its speed is (that count minus
+  the reference's count) over (that entry's time minus the reference's time): tokens after the
+  first delta, as ``tok_s``, or every token from the decode's start, over about N tokens in both
+  arms. The ratio is arm speed / base speed. (A peer's first delta is the one token sampled from
+  the prompt's logits, so both references time the same work: the decode after the prompt.)
+* A pair where either arm reaches N at its reference, or in no time, has no interval: left out and
   counted (``no_interval``); a pair where either record has no trace is left out and counted
   (``untraced``). Geometric mean, conversation bootstrap and grouping are as for the paper's ratio.
 * The headline of a summary is the ratio that uses more replies over the baseline, summed over
@@ -282,8 +286,9 @@ def _trace(r: dict) -> Optional[list]:
 
 
 def prefix_speed(trace: list, n: int) -> Optional[float]:
-    """Tokens per second from the first delta to the first delta whose cumulative count reaches
-    ``n`` (tokens after the first delta over the time between); None without such an interval."""
+    """Tokens per second from the trace's reference (its first entry: the first delta, or the
+    decode's start) to the first entry whose cumulative count reaches ``n`` (tokens after the
+    reference over the time between); None without such an interval."""
     if not trace:
         return None
     n0, t0 = trace[0]

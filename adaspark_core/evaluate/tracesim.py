@@ -205,15 +205,12 @@ def _decode(t: Trace, arm, costs: MeasuredCosts, n_ctx: int, learners: dict, log
     cap = len(t.tokens) if t.finish != "stop" else t.max_tokens or len(t.tokens) + 1
     gen = Generation(target, t.prompt, arm, max(cap, 1), request_id=tag + t.request, log=log, clock=clock,
                      learners=learners.get(arm.name))
-    trace: list[list] = []
-    for emitted in gen:
-        if emitted:
-            t0 = gen.stats.t_first
-            trace.append([len(gen.tokens), round(clock() - t0, 9)])
+    for _ in gen:
+        pass
     if gen.tokens != t.tokens[: len(gen.tokens)]:
         raise AssertionError(f"{arm.name} left the trace of {t.request}: the simulated target is not greedy")
     st = gen.stats
     return {"arm": arm.name, "source": t.source, "conversation": t.conversation, "turn": t.turn, "reply": t.reply,
             "tok_s": st.decode_tps, "tokens": len(gen.tokens), "capped": gen.finish == "length",
             "context": len(t.prompt), "finish": gen.finish, "widths": {str(w): n for w, n in st.widths.items()},
-            "trace": trace, "same_text_as_baseline": None}
+            "trace": [[n, round(secs, 9)] for n, secs in st.trace()], "same_text_as_baseline": None}

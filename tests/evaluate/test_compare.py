@@ -135,10 +135,11 @@ def test_scheduler_arms_trace_their_deltas_and_log_each_arm(tmp_path):
     assert all(r["capped"] and r["tokens"] == 24 for r in recs)
     for r in recs:
         tr = r["trace"]
-        assert tr[0][1] == 0.0 and tr[-1][0] == r["tokens"]
+        # led by the decode's start, before the first delta, which is the clock's zero
+        assert tr[0][0] == 0 and tr[0][1] < 0.0 and tr[1][1] == 0.0 and tr[-1][0] == r["tokens"]
         assert all(b[0] > a[0] and b[1] >= a[1] for a, b in zip(tr, tr[1:]))
-        assert len(tr) <= sum(r["widths"].values())  # at most one delta per round
-    assert all(len(r["trace"]) == 24 for r in recs if r["arm"] == "ar")  # ar: a token per round
+        assert len(tr) - 1 <= sum(r["widths"].values())  # at most one delta per round
+    assert all(len(r["trace"]) == 1 + 24 for r in recs if r["arm"] == "ar")  # ar: a token per round
     s = summarize(recs, ["ar", "adaspark", "chain:3"], resamples=100)
     assert s["headline"] == "first_n" and s["vs_baseline"]["adaspark"]["overall"]["ratio"] is None
     f = s["first_n"]["vs_baseline"]["adaspark"]["overall"]
@@ -192,9 +193,9 @@ def test_prompt_lookup_arm_traces_every_token():
 
 @pytest.mark.parametrize("max_tokens", [16, 1])
 def test_compare_command_on_a_fake_engine_never_crashes(tmp_path, monkeypatch, max_tokens):
-    """The whole command, in process, on a simulated model (every reply reaches the cap): with 16
-    tokens only the first-N ratio exists; with 1 token (single-delta replies) no ratio does, and the
-    figure is skipped with one line instead of an exception."""
+    """The whole command, in process, on a simulated model (every reply reaches the cap): only the
+    first-N ratio exists; with 1 token (single-delta replies, which the paper's rule leaves out) it
+    still counts every reply, timed from the decode's start."""
     from typer.testing import CliRunner
 
     from adaspark_cli.main import app
@@ -220,15 +221,29 @@ def test_compare_command_on_a_fake_engine_never_crashes(tmp_path, monkeypatch, m
     s = doc["summary"]
     assert s["vs_baseline"]["adaspark"]["overall"]["ratio"] is None       # the paper's rule: nothing left
     assert (out / "logs" / "warm-adaspark.jsonl").is_file() and (out / "logs" / "chain_3.jsonl").is_file()
-    if max_tokens > 1:
-        fn = s["first_n"]["vs_baseline"]["adaspark"]["overall"]
-        # a second turn copies the first (the simulated rule repeats): it may fit in one timed round
-        assert s["headline"] == "first_n" and fn["replies"] >= 3 and fn["replies"] + fn["no_interval"] == 6
-        assert "all paired replies, first N tokens" in res.stdout
-        assert (out / "ratios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    else:
-        assert s["first_n"]["vs_baseline"]["adaspark"]["overall"]["no_interval"] == 6
-        assert "no ratio to plot" in res.stderr and not (out / "ratios.png").exists()
+    fn = s["first_n"]["vs_baseline"]["adaspark"]["overall"]
+    # a second turn copies the first (the simulated rule repeats) and may fit in one round: counted
+    assert s["headline"] == "first_n" and fn["replies"] == 6 and fn["no_interval"] == 0
+    assert "all paired replies, first N tokens" in res.stdout
+    assert (out / "ratios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_command_without_a_ratio_skips_the_figure_with_one_line(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from adaspark_cli.main import app
+
+    monkeypatch.setenv("ADASPARK_HOME", str(tmp_path / "home"))
+    sets = tmp_path / "tiny.json"
+    sets.write_bytes(orjson.dumps({"set": "tiny", "subset": "all", "conversations": [
+        {"name": "tiny/c0", "kind": "chat", "turns": [{"kind": "chat", "type": "first", "text": "Say 0."}]}]}))
+    out = tmp_path / "out"
+    (out / "ratios.png").parent.mkdir()
+    (out / "ratios.png").write_bytes(b"an older run's figure")
+    res = CliRunner().invoke(app, ["compare", "--model", "sim:cpu-smollm2-q4_0", "--sets", str(sets), "--subset", "all",
+                                   "--arms", "ar", "--max-tokens", "4", "--resamples", "100", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "no ratio to plot" in res.stderr and not (out / "ratios.png").exists()
 
 
 @pytest.mark.model

@@ -349,6 +349,9 @@ def test_prefix_speed_takes_the_first_delta_that_reaches_n():
     assert stats.prefix_speed(tr, 13) is None                    # never reached
     assert stats.prefix_speed([[1, 0.0], [5, 0.0]], 5) is None   # no time
     assert stats.prefix_speed([], 5) is None
+    # led by the decode's start (our arms): a reply whose first round emitted it whole has an interval
+    assert stats.prefix_speed([[0, -0.2], [16, 0.0]], 16) == pytest.approx(16 / 0.2)
+    assert stats.prefix_speed([[0, -0.1], [2, 0.0], [4, 0.1]], 3) == pytest.approx(4 / 0.2)
 
 
 def test_first_n_ratio_uses_capped_replies_over_the_shorter_reply():
@@ -367,15 +370,17 @@ def test_first_n_ratio_uses_capped_replies_over_the_shorter_reply():
 def test_first_n_ratio_counts_what_it_leaves_out():
     rs = tpair("s/x", 3.0) + tpair("s/y", 1.5, tokens_a=40, turn=1, capped=False)
     rs += [traced("a", "s/z", [[5, 0.0]]), traced("b", "s/z", steady(50, 10.0))]        # single delta
+    rs += [traced("a", "s/t", [[0, -0.25], [5, 0.0]]), traced("b", "s/t", steady(5, 10.0))]  # ... from its start
     rs += [traced("a", "s/w", steady(20, 20.0)), traced("b", "s/w", [[30, 0.0], [31, 0.1]])]  # N=20 at b's 1st
     rs += [rec("a", "s/v", 20.0), traced("b", "s/v", steady(50, 10.0))]                   # untraced
     rs += [traced("a", "s/u", steady(50, 10.0))]                                           # unpaired
     r = stats.compare_first_n(rs, "a", "b", resamples=100)
-    assert r["ratio"] == pytest.approx(math.sqrt(3.0 * 1.5))
-    assert (r["replies"], r["paired"], r["no_interval"], r["untraced"], r["unpaired"]) == (2, 5, 2, 1, 1)
-    assert r["conversations"] == 2 and r["capped_used"] == 1 and r["mean_n"] == pytest.approx((96 + 40) / 2)
+    # s/t: a's 5 tokens in 0.25 s from its decode's start, b's 4 after its first delta in 0.4 s: 2x
+    assert r["ratio"] == pytest.approx((3.0 * 1.5 * 2.0) ** (1 / 3))
+    assert (r["replies"], r["paired"], r["no_interval"], r["untraced"], r["unpaired"]) == (3, 6, 2, 1, 1)
+    assert r["conversations"] == 3 and r["capped_used"] == 1 and r["mean_n"] == pytest.approx((96 + 40 + 5) / 3)
     g = stats.compare_first_n(rs, "a", "b", resamples=100, key=stats.by_source)
-    assert g["s"]["replies"] == 2 and g["s"]["no_interval"] == 2 and g["s"]["untraced"] == 1
+    assert g["s"]["replies"] == 3 and g["s"]["no_interval"] == 2 and g["s"]["untraced"] == 1
     bad = {**rec("a", "s/x", None), "trace": [[1, "x", 3]]}
     with pytest.raises(ValueError):
         stats.first_n_rows([bad, traced("b", "s/x", [[1, 0.0]])], "a", "b")
