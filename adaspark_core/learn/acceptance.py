@@ -8,13 +8,18 @@ per parent over all its candidates, placed in the tree or not, plus the explicit
 
     pick:    s = a0 + a1 logit h + a2 logit sigma + psi + b_req
     sibling: s = a3 + a4 log r + a5 logit h + a6 logit sigma + psi + b_req
-    n-gram:  s = a7 logit p_src + w_bucket + psi + b_req
+    n-gram:  s = (a7 + d_kind) logit p_src + w_bucket + psi + b_req
 
 psi is the context term (and, for drafter candidates, a depth term). w_bucket is the weight of the
 node's bucket (kind, evidence bin, n-gram nodes above: ngram.bucket) plus, beyond the paper, the
 weights of its two margins (kind and evidence; kind and nodes above), which pool what buckets of a
 kind share: a bucket alone learns only from its own labels, too few to price it well
-(ARCHITECTURE.md, section 5). A drafter candidate the n-gram source also proposed (agreed) adds
+(ARCHITECTURE.md, section 5). d_kind, also beyond the paper, is the node's kind's own deviation
+from the shared slope, learned with the buckets: p_src is the precision of the request's own
+text, which tells how far a copy of it holds but not a chain from the memory of other replies
+(used where the request's text offers no copy; on the evaluation subset its nodes were accepted
+0.92 of the time at p_src under 0.6 and 0.58-0.61 above it, where the shared slope priced them
+0.82-0.85). A drafter candidate the n-gram source also proposed (agreed) adds
 max(0, logit p_src) and its agreed bucket's weight; one whose parent has a different n-gram
 proposal (contradicted) subtracts max(0, logit p_src) and adds its contradiction bucket's weight.
 
@@ -103,7 +108,8 @@ def features(c: dict, ctx: float, lp: float, lg=logit) -> tuple[float, list[tupl
     if src == NGRAM:
         kind, ev_bin, above_bin = c["bucket"].split("/")
         coef.append(("a7", lp))
-        return 0.0, coef, [("ng:" + c["bucket"], 1.0), (f"ngk:{kind}/{ev_bin}", 1.0), (f"nga:{kind}/{above_bin}", 1.0)]
+        return 0.0, coef, [("ng:" + c["bucket"], 1.0), (f"ngk:{kind}/{ev_bin}", 1.0), (f"nga:{kind}/{above_bin}", 1.0),
+                           ("ngs:" + kind, lp)]
     h, share, sigma = c["h"], c["share"], c.get("sigma")
     if src == PICK:
         coef.append(("a0", 1.0))

@@ -300,14 +300,47 @@ class CostModel:
         return [w for w in self.widths if self.classes[w].count < self.p.measurements]
 
     def class_price(self, w: int, c: int) -> float:
-        """Eq. 5: law(c) x level x D_now / D_k, for a measured class, in ms."""
+        """Eq. 5: law(c) x level x D_now / D_k, for a measured class, in ms; in a context band the
+        class has never run in, no less than ``_transfer_floor``."""
         k = self.classes[w]
+        t = self._levelled(k, c)
+        if band_of(c) not in k.level:
+            t = max(t, self._transfer_floor(k, c))
+        return t * self._clock(k)
+
+    def _levelled(self, k: WidthClass, c: int) -> float:
+        """The class's law at c times its level in c's band (Eq. 5 without the D clock)."""
         t = k.law.value(c)
         level = k.level.get(band_of(c))
         if level:
             lo, hi = self.p.level_clamp
             t *= min(max(min(level), lo), hi)
-        return t * self._clock(k)
+        return t
+
+    def _transfer_floor(self, k: WidthClass, c: int) -> float:
+        """What class ``k`` costs at least at c, where it has never run: the widest narrower
+        class that has run in c's band, priced at c, times the ratio of k's price to that
+        class's in the band nearest c where both have run (0: no such pair).
+
+        A class's law learns its context slope only from the contexts it ran at, and a cold
+        store runs wide classes at short contexts first: extrapolated to a band it has never
+        run in, a wide class's slope is too flat. Its level fixes that after one verify, but
+        that verify is the one the low price chose: on the default model a first verify of a
+        class wider than 4 in a new band took 1.6-1.8x its price (ARCHITECTURE.md, section 5). The
+        ratio between two classes' times changes slowly with the context, so a narrower class
+        measured here, scaled by it, prices the wide class near its truth."""
+        band = band_of(c)
+        runs_here = [j for j in self.classes.values()
+                     if j.top < k.top and band in j.level and j.count >= self.p.measurements]
+        if not runs_here:
+            return 0.0
+        j = max(runs_here, key=lambda x: x.top)
+        shared = [b for b in k.level if b in j.level]
+        if not shared:
+            return 0.0
+        ref = min(shared, key=lambda b: (abs(b - band), -b))
+        c_ref = 3 << max(ref - 2, 0)  # the band's middle: band b holds 2^(b-1) .. 2^b - 1 tokens
+        return self._levelled(j, c) * self._levelled(k, c_ref) / self._levelled(j, c_ref)
 
     def _clock(self, k: WidthClass) -> float:
         d = self.d_now()

@@ -12,7 +12,8 @@ from adaspark_core.evaluate.replay import ReplayMismatch, replay
 from adaspark_core.learn.learned import Learners
 from adaspark_core.store.record import SCHEMA, RoundLog, read_log
 
-FIXTURE_LOG = ROOT / "fixtures" / "logs" / "rounds.jsonl"
+# A real run's log written at round-log schema 3 (before ``reach`` was dropped), kept as it was.
+SCHEMA_3_LOG = ROOT / "fixtures" / "logs" / "rounds-schema3.jsonl"
 
 
 def serve(log, arms=("adaspark", "ar", "pinned:6", "adaspark", "adaspark", "adaspark"), learners=None):
@@ -96,9 +97,9 @@ def test_a_log_of_schema_4_with_reach_reads_and_replays_as_it_did(tmp_path):
 
 
 def test_the_checked_in_log_of_schema_3_reads_without_reach():
-    lines = [orjson.loads(x) for x in FIXTURE_LOG.read_bytes().splitlines()]
+    lines = [orjson.loads(x) for x in SCHEMA_3_LOG.read_bytes().splitlines()]
     assert {d["schema"] for d in lines} == {3} and all("reach" in d for d in lines)
-    for rec in read_log(FIXTURE_LOG):
+    for rec in read_log(SCHEMA_3_LOG):
         d = rec.to_json()
         assert d["schema"] == SCHEMA and "reach" not in d and not hasattr(rec, "reach")
 

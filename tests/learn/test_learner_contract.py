@@ -31,9 +31,9 @@ from adaspark_core.learn.learned import Learners
 from adaspark_core.store.record import read_log
 from adaspark_core.store.store import Store, StoreError
 
-FIXTURE_LOG = ROOT / "fixtures" / "logs" / "rounds.jsonl"
-# A store of the learners replayed from FIXTURE_LOG, written before the learners versioned their
-# sections: what every store on disk looked like then.
+FIXTURE_LOG = ROOT / "fixtures" / "logs" / "rounds.jsonl"  # re-recorded by `make fixture-log`
+# A store of the learners replayed from fixtures/logs/rounds-schema3.jsonl by the learners of its
+# day, written before the learners versioned their sections: what every store on disk looked like then.
 FIXTURE_STORE = ROOT / "fixtures" / "stores" / "before-versions.json"
 SIM = "sim:cpu-smollm2-q4_0"
 
@@ -247,15 +247,15 @@ def without_dropped(sections):
     return out
 
 
-def test_a_store_written_before_versions_restores_exactly(trained):
-    """The checked-in store: the learners it holds are the ones replaying the log gives, and a
-    save writes them back with their versions and without the cost classes' dropped fields,
-    nothing else changed."""
+def test_a_store_written_before_versions_restores_exactly():
+    """The checked-in store: a save writes its learners back with their versions and without the
+    cost classes' dropped fields, nothing else changed. (It held exactly what replaying its log
+    gave the learners of its day; learners changed since, the per-kind n-gram slope and the cost
+    model's transfer floor, learn otherwise from the same rounds, so that is no longer compared.)"""
     st, schema = Store.read(FIXTURE_STORE)
     assert schema == 2 and not versions(st.sections)
     assert all(f in k for k in st.sections["width"]["cost"]["classes"].values() for f in DROPPED)
     restored = Learners.from_store(st)
-    assert js(restored.state()) == js(trained.state())
     assert unversioned(js(restored.state())) == without_dropped(st.sections)
 
 

@@ -365,3 +365,28 @@ def test_the_price_floor_of_an_unmeasured_width():
     floor, p = cost.price_floor(32, 500), cost.prices(500)
     assert floor == pytest.approx(p[8] + 0.5 * (p[8] - p[4]) / 4 * 24)
     assert floor == pytest.approx(14.6 + 0.5 * 1.2 * 24, rel=0.03) and floor < 5.0 + 1.2 * 32
+
+
+def test_a_class_never_run_in_a_band_is_priced_from_a_narrower_class_that_has():
+    """A cold store runs the 8-row class at short contexts only, where its law is flat, so at 1,600
+    tokens it would price its short-context time. Once the 4-row class has run there, the 8-row
+    class costs at least the 4-row class's price there times their ratio where both ran, until
+    it runs there itself."""
+    cost = CostModel()
+    for i in range(12):
+        cost.learn(measured(4, 10.0, context=300 + i))
+        cost.learn(measured(8, 15.0, context=300 + i))
+    alone = cost.class_price(8, 1650)
+    assert alone == pytest.approx(15.0, rel=0.1)  # nothing has run at 1,600: the law's own price
+    for i in range(12):
+        cost.learn(measured(4, 20.0, context=1600 + i))
+    assert band_of(1600) not in cost.classes[8].level
+    ratio = cost.class_price(8, 384) / cost.class_price(4, 384)  # the middle of 300's band
+    assert ratio == pytest.approx(1.5, rel=0.05)
+    assert cost.class_price(8, 1650) == pytest.approx(cost.class_price(4, 1650) * ratio)
+    assert cost.prices(1650)[8] == pytest.approx(30.0, rel=0.1)
+    for i in range(12):  # the 8-row class runs at 1,600: its own level prices it there
+        cost.learn(measured(8, 36.0, context=1600 + i))
+    k = cost.classes[8]
+    lo, hi = cost.p.level_clamp
+    assert cost.class_price(8, 1650) == pytest.approx(k.law.value(1650) * min(max(min(k.level[band_of(1650)]), lo), hi))
