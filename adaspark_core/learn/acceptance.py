@@ -17,9 +17,9 @@ kind share: a bucket alone learns only from its own labels, too few to price it 
 (ARCHITECTURE.md, section 5). d_kind, also beyond the paper, is the node's kind's own deviation
 from the shared slope, learned with the buckets: p_src is the precision of the request's own
 text, which tells how far a copy of it holds but not a chain from the memory of other replies
-(used where the request's text offers no copy; on the evaluation subset its nodes were accepted
-0.92 of the time at p_src under 0.6 and 0.58-0.61 above it, where the shared slope priced them
-0.82-0.85). A drafter candidate the n-gram source also proposed (agreed) adds
+(used where the request's text offers no copy; on the evaluation subset its nodes below a
+chain's first were accepted 0.92 of the time at p_src under 0.6 and 0.58-0.61 above it, where
+the shared slope priced them 0.82-0.85). A drafter candidate the n-gram source also proposed (agreed) adds
 max(0, logit p_src) and its agreed bucket's weight; one whose parent has a different n-gram
 proposal (contradicted) subtracts max(0, logit p_src) and adds its contradiction bucket's weight.
 
