@@ -286,3 +286,34 @@ def test_head_estimates():
     ng = Candidate(3, ANCHOR, NGRAM, 1, kind="copy", evidence=8, bucket=bucket("copy", 8, 0)).to_dict()
     assert head_q(pick, 0.3) == 0.8 and head_q(sib, 0.3) == pytest.approx(0.2) and head_q(ng, 0.3) == 0.3
     assert head_q(ng, 0.3, offset=1.0) == pytest.approx(sigmoid(logit(0.3) + 1.0))
+
+
+def test_each_ngram_kind_learns_its_own_slope_on_logit_p_src():
+    """A copy of the request's own text holds more often where that text repeats itself (p_src
+    high); a chain from the memory of other replies, proposed where the text has no copy, does not
+    follow p_src (here it holds less). One slope and per-kind weights cannot price both at two
+    p_src; the kind's own deviation from the slope can."""
+    truth = {("copy", 0.3): 0.6, ("copy", 0.9): 0.95, ("memory", 0.3): 0.9, ("memory", 0.9): 0.5}
+
+    def one(kind, p_src):
+        c = [tree.child_of([], ANCHOR, 1, NGRAM, kind=kind, evidence=8, above=0, bucket=bucket(kind, 8, 0))]
+        return [x.to_dict() for x in c]
+
+    rng = random.Random(2)
+    model = AcceptanceModel()
+    for i in range(6000):
+        kind, p_src = rng.choice(list(truth))
+        cands = one(kind, p_src)
+        model.start_request()
+        model.estimate(cands, 600, p_src)
+        y = rng.random() < truth[(kind, p_src)]
+        model.learn(record(cands, [1 if y else NONE], [ANCHOR], [], p_src=p_src, request=f"r{i}"))
+
+    def q(kind, p_src):
+        model.start_request()
+        return model.estimate(one(kind, p_src), 600, p_src).fitted[0]
+
+    assert q("copy", 0.9) > q("copy", 0.3) + 0.2
+    assert q("memory", 0.9) < q("memory", 0.3) - 0.2  # a shared slope would raise it with p_src
+    for (kind, p_src), p in truth.items():
+        assert q(kind, p_src) == pytest.approx(p, abs=0.15)
