@@ -251,47 +251,44 @@ class Stats:
     the first-N ratio (evaluate/stats.py) can time a reply from there and count one that the
     first round emitted whole."""
 
-    generated: int = 0
     rounds: int = 0
     widths: Counter = field(default_factory=Counter)  # verified rows -> rounds
     accepted: Counter = field(default_factory=Counter)  # accepted draft tokens -> rounds
-    first_delta_tokens: int = 0
     t_decode: float | None = None  # the first round's start
-    t_first: float | None = None
-    t_last: float | None = None
     verify_ms: float = 0.0
     draft_ms: float = 0.0
     host_ms: float = 0.0
     deltas: list = field(default_factory=list)  # (tokens so far, clock) per delta
 
     def delta(self, n: int, now: float) -> None:
-        if n <= 0:
-            return
-        if self.t_first is None:
-            self.t_first = now
-            self.first_delta_tokens = n
-        self.t_last = now
-        self.generated += n
-        self.deltas.append((self.generated, now))
+        if n > 0:
+            self.deltas.append((self.generated + n, now))
+
+    @property
+    def generated(self) -> int:
+        return self.deltas[-1][0] if self.deltas else 0
+
+    @property
+    def t_first(self) -> float | None:
+        return self.deltas[0][1] if self.deltas else None
 
     def trace(self) -> list[tuple[int, float]]:
         """(tokens so far, seconds since the first delta) per delta, led by the decode's start,
         (0, its time before the first delta), where it is known."""
-        if self.t_first is None:
+        if not self.deltas:
             return []
-        start = [(0, self.t_decode - self.t_first)] if self.t_decode is not None else []
-        return start + [(n, t - self.t_first) for n, t in self.deltas]
+        t0 = self.t_first
+        start = [(0, self.t_decode - t0)] if self.t_decode is not None else []
+        return start + [(n, t - t0) for n, t in self.deltas]
 
     @property
     def decode_seconds(self) -> float:
-        if self.t_first is None or self.t_last is None:
-            return 0.0
-        return self.t_last - self.t_first
+        return self.deltas[-1][1] - self.deltas[0][1] if self.deltas else 0.0
 
     @property
     def decode_tps(self) -> float | None:
         span = self.decode_seconds
-        return (self.generated - self.first_delta_tokens) / span if span > 0 else None
+        return (self.generated - self.deltas[0][0]) / span if span > 0 else None
 
     @property
     def tokens_per_round(self) -> float:

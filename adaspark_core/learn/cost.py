@@ -330,8 +330,8 @@ class CostModel:
         ratio between two classes' times changes slowly with the context, so a narrower class
         measured here, scaled by it, prices the wide class near its truth."""
         band = band_of(c)
-        runs_here = [j for j in self.classes.values()
-                     if j.top < k.top and band in j.level and j.count >= self.p.measurements]
+        # (a class has a level only once its law prices: it is measured)
+        runs_here = [j for j in self.classes.values() if j.top < k.top and band in j.level]
         if not runs_here:
             return 0.0
         j = max(runs_here, key=lambda x: x.top)

@@ -95,7 +95,7 @@ def test_bad_requests_are_refused_naming_the_field(chat, body, param, words):
 
 
 def reply(text="Hello", finish="stop", generated=3, sampling=None):
-    st = Stats(generated=generated, rounds=2, widths=Counter({1: 1, 3: 1}), accepted=Counter({0: 1, 1: 1}))
+    st = Stats(rounds=2, widths=Counter({1: 1, 3: 1}), accepted=Counter({0: 1, 1: 1}), deltas=[(generated, 0.5)])
     return Reply(text, finish, 10, 4, st, "adaspark" if sampling is None else "ar", sampling)
 
 
