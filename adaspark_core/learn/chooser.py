@@ -96,18 +96,22 @@ def continuation_values(qs: list[float], prices: dict[int, float], rho: float, d
         big_a.append(big_a[-1] + big_p[-1])
     steps = [(w - 1, rho * (d + t)) for w, t in sorted(prices.items())]
     g = [0.0] * (n + 1)
+    # nxt[j] = q_j G[j + 1], what a round that verified up to node j passes on (0 past the spine),
+    # kept as G fills from the end: the inner loop runs n x widths times a round (host time).
+    nxt = [0.0] * (n + 1)
     for k in range(n - 1, -1, -1):
         best = 0.0
         pk, ak = big_p[k], big_a[k]
         for m, cost in steps:
-            if k + m > n:
+            j = k + m
+            if j > n:
                 break
-            p = big_p[k + m] / pk
-            nxt = qs[k + m] * g[k + m + 1] if k + m < n else 0.0
-            value = 1.0 + (big_a[k + m] - ak) / pk - cost + p * nxt
+            value = 1.0 + (big_a[j] - ak) / pk - cost + big_p[j] / pk * nxt[j]
             if value > best:
                 best = value
         g[k] = best
+        if k:
+            nxt[k - 1] = qs[k - 1] * best
     return g
 
 

@@ -150,9 +150,10 @@ class Law:
         if not flat:
             return False
         cand = self._solver()
-        for i in range(self.p.refit_steps):
-            c, ms = flat[i % len(flat)]
-            self._step(cand, c, ms)
+        # The same steps as _step's, fused (FTRL.quantile_steps): a reply's end waits for them.
+        unit, scale = self.p.unit, self.scale
+        samples = [(basis(c, unit), ms / scale) for c, ms in flat]
+        cand.quantile_steps([samples[i % len(samples)] for i in range(self.p.refit_steps)], self.p.tau)
         if self._loss(cand, judged) < self._loss(self.ftrl, judged):
             self.ftrl = cand
             return True

@@ -126,6 +126,52 @@ class FTRL:
             self._w.pop(key, None)
         self._dense = None
 
+    def quantile_steps(self, samples: list[tuple[list[float], float]], tau: float) -> None:
+        """Dense only: for each ``(x, y)`` in order, one step on the pinball loss at quantile
+        ``tau``, exactly ``update_linear(x, (1.0 if y < predict(x) else 0.0) - tau)``, bit for
+        bit, in one loop over plain lists instead of a predict, a resolve and an update through
+        dicts per sample. A law's refit is 256 such steps and runs when a reply ends, before the
+        reply's last chunk goes out and, batched, while every other request in the batch waits
+        (about 8 ms a request on the default model, 2 cores; ARCHITECTURE.md, section 5)."""
+        dim = self.dim
+        keys = range(dim)
+        z, n = [self.z[i] for i in keys], [self.n[i] for i in keys]
+        v = None if self.v is None else [self.v[i] for i in keys]
+        center = [self.center.get(i, 0.0) for i in keys]
+        lower = [self.lower.get(i) for i in keys]
+        alpha, beta, l1, l2, cap, gate = self.alpha, self.beta, self.l1, self.l2, self.n_cap, self.gate
+        w = list(self.weights())
+        sqrt, copysign = math.sqrt, math.copysign
+        for x, y in samples:
+            g0 = (1.0 if y < sum(map(mul, w, x)) else 0.0) - tau
+            for i in keys:
+                xi = x[i]
+                if xi == 0.0:  # no gradient: not stepped (update_linear)
+                    continue
+                g = g0 * xi
+                # update(): the step from the weight before it
+                d = w[i] - center[i]
+                n_old = n[i]
+                n_new = min(n_old + g * g, cap)
+                sigma = (sqrt(n_new) - sqrt(n_old)) / alpha
+                z[i] += g - sigma * d
+                n[i] = n_new
+                if v is not None:
+                    v[i] += g * g
+                # _resolve(): the stepped coordinate's weight, read by the next sample
+                wi, zi = center[i], z[i]
+                t = l1 if gate is None else l1 + gate * sqrt(v[i])
+                if abs(zi) > t:
+                    wi -= (zi - copysign(t, zi)) / ((beta + sqrt(n[i])) / alpha + l2)
+                lo = lower[i]
+                if lo is not None and wi < lo:
+                    wi = lo
+                w[i] = wi
+        self.z, self.n = dict(enumerate(z)), dict(enumerate(n))
+        if v is not None:
+            self.v = dict(enumerate(v))
+        self._w, self._dense = dict(enumerate(w)), None
+
     def _fields(self) -> tuple[str, ...]:
         return ("z", "n") + (("v",) if self.v is not None else ()) + (("m",) if self.m is not None else ())
 

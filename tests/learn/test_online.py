@@ -203,6 +203,39 @@ def test_both_shapes_sum_as_the_two_classes_did():
     assert g.m == {"ctx": 148, "ng:1": 155, "ng:2": 148, "a1": 160, "a0": 143, "a4": 146}
 
 
+@pytest.mark.parametrize("gate", [None, 1.0])
+def test_quantile_steps_are_predict_and_update_linear_bit_for_bit(gate):
+    """A law's refit steps through ``quantile_steps`` (one loop over lists, for host time): its z,
+    n, v and weights must be exactly those of a predict and an update_linear per sample, or a
+    store and a replayed log would no longer agree. Lower bounds that bind, a cap that binds,
+    inputs of 0 (not stepped) and a gate are all on the path."""
+    rng = random.Random(7)
+    samples = []
+    for _ in range(300):
+        u = rng.choice([0.0, rng.uniform(0.0, 0.6)])
+        x = [1.0, u, u * u, math.sqrt(u), math.log1p(u)]
+        samples.append((x, rng.uniform(0.6, 1.8) - 0.8 * u))  # falling: the bounds bind
+
+    def law() -> FTRL:
+        return FTRL(5, alpha=0.05, beta=1.0, l1=0.002, l2=0.01, n_cap=20.0, lower=[None, 0.0, 0.0, 0.0, 0.0],
+                    center=[1.0, 0.0, 0.0, 0.0, 0.0], gate=gate)
+
+    tau = 0.15
+    one, fused = law(), law()
+    for x, y in samples[:40]:  # both start from the same stepped state
+        for f in (one, fused):
+            f.update_linear(x, (1.0 if y < f.predict(x) else 0.0) - tau)
+    for x, y in samples[40:]:
+        one.update_linear(x, (1.0 if y < one.predict(x) else 0.0) - tau)
+    fused.quantile_steps(samples[40:], tau)
+    assert fused.state() == one.state()
+    assert [w.hex() for w in fused.weights()] == [w.hex() for w in one.weights()]
+    assert any(w == 0.0 for w in one.weights()[1:])  # a lower bound binds
+    assert max(one.state()["n"]) == 20.0  # the cap binds (late: before it, sigma > 0)
+    x, y = samples[-1]
+    assert fused.predict(x) == one.predict(x)
+
+
 # --- state ------------------------------------------------------------------------------------------
 
 
