@@ -81,7 +81,7 @@ def test_the_cap_drops_the_oldest_documents_and_the_index_stays_exact():
     for d in ds[-kept:]:  # the newest survive, in order
         fresh.add(d)
     assert list(m.tokens) == list(fresh.tokens)
-    assert np.array_equal(m._keys, fresh._keys) and np.array_equal(m._ends, fresh._ends)
+    assert all(np.array_equal(a, b) for a, b in zip(m.index(), fresh.index()))
 
 
 def test_the_file_round_trips_and_a_bad_one_is_reported_and_left_as_is(tmp_path):
@@ -94,7 +94,7 @@ def test_the_file_round_trips_and_a_bad_one_is_reported_and_left_as_is(tmp_path)
     memory_file.save(m, store, "owner-a")
     assert not m.dirty
     back = memory_file.load(store, "owner-a")
-    assert list(back.tokens) == list(m.tokens) and np.array_equal(back._keys, m._keys)
+    assert list(back.tokens) == list(m.tokens) and np.array_equal(back.index()[0], m.index()[0])
     assert back.summary() == m.summary()
     with pytest.raises(StoreError, match="another model"):
         memory_file.load(store, "owner-b")
@@ -166,6 +166,36 @@ def test_a_served_run_remembers_its_replies_saves_them_beside_the_store_and_repl
     assert saved.documents == 2 and saved.summary()["rows"] == summary["rows"]
 
 
+def test_the_recent_run_merges_into_the_index_a_single_run_would_be(monkeypatch):
+    """New documents go into a small recent run, merged into the main one when it fills (so a
+    reply's end does not move the whole index). Merging often, never, or building the index at
+    once must give the same index and the same answer to every lookup, also where a gram's
+    newest SCAN occurrences straddle the two runs (a small vocabulary repeats every gram)."""
+    ds = docs(80, 60, vocab=4, seed=9)
+    monkeypatch.setattr(mem, "RECENT_MAX", 150)
+    often = NgramMemory()
+    for d in ds:
+        often.add(d)
+    assert 0 < len(often._rkeys) < 150 and len(often._keys) > 150  # both runs hold grams
+    monkeypatch.setattr(mem, "RECENT_MAX", 10**9)
+    never = NgramMemory()
+    for d in ds:
+        never.add(d)
+    assert len(never._keys) == 0
+    once = NgramMemory()
+    once.add_many(ds)
+    assert len(once._rkeys) == 0
+    for m in (often, never):
+        assert all(np.array_equal(a, b) for a, b in zip(m.index(), once.index()))
+    rng = random.Random(4)
+    tails = [tuple(rng.randrange(4) for _ in range(rng.randrange(GRAM, GRAM + 8))) for _ in range(400)]
+    answers = [once.lookup(t) for t in tails]
+    main_top = int(often._ends.max()) + 1  # the last position a main-run answer can give
+    assert sum(a is not None and a[2] > main_top for a in answers) > 20  # answered from the recent run
+    assert sum(a is not None and a[2] <= main_top for a in answers) > 20
+    assert [often.lookup(t) for t in tails] == answers == [never.lookup(t) for t in tails]
+
+
 def test_a_corpus_added_at_once_is_the_memory_of_its_documents_added_one_by_one():
     ds = docs(40, 90, vocab=25, seed=5)
     one, many = NgramMemory(), NgramMemory()
@@ -173,7 +203,7 @@ def test_a_corpus_added_at_once_is_the_memory_of_its_documents_added_one_by_one(
         one.add(d)
     many.add_many(ds + [[1, 2]])  # too short to keep
     assert list(one.tokens) == list(many.tokens) and one.documents == many.documents == 40
-    assert np.array_equal(one._keys, many._keys) and np.array_equal(one._ends, many._ends)
+    assert all(np.array_equal(a, b) for a, b in zip(one.index(), many.index()))
 
 
 # --- the commands -----------------------------------------------------------------------------
