@@ -27,7 +27,8 @@ new document takes it over the cap, the oldest documents are dropped until it is
 time keeps the index rebuild, which eviction needs, rare).
 
 On disk: one file beside the store (``<store>.memory``), written atomically whenever the store is
-saved after the memory changed: a header line (magic), a JSON line (version, the store's
+saved after the memory changed (between a server's replies a slow write is spaced out,
+decode/runtime.py ``MEMORY_EVERY_S``): a header line (magic), a JSON line (version, the store's
 fingerprint key, counts), then the tokens as little-endian int32. The index is rebuilt on load.
 A file that does not parse is reported and left as is, like a bad store (store/memory_file.py
 reads and writes it).

@@ -94,6 +94,14 @@ def _check_log(log: Path, rt: "Runtime") -> None:
             raise InputError(f"the round log {log} is {what}; name another file for --log")
 
 
+# Between a server's replies the n-gram memory file is rewritten whole, and a reply's end waits for
+# it (and, batched, so does every other request): 17-23 ms at the 64 MB cap on a 2-core machine.
+# A write slower than MEMORY_SLOW_S is therefore repeated at most every MEMORY_EVERY_S while
+# serving; the server's last save, and every save outside a server, write it whenever it changed.
+MEMORY_SLOW_S = 0.005
+MEMORY_EVERY_S = 30.0
+
+
 class Runtime:
     """Owns what it opened. ``save()`` writes the learned state (learning arms only); ``close()``
     releases the store, closes the log, and frees the drafter and the target. Closing does not
@@ -105,6 +113,8 @@ class Runtime:
         self.store, self.learners, self.log = store, learners, log
         self.threads = threads
         self.memory: NgramMemory | None = None  # kept beside the store (memory.py)
+        self._memory_written = -float("inf")  # when the memory file was last written (monotonic s)
+        self._memory_write_s = 0.0  # and how long that took
         # With --parallel N: the N slots of one context (the first is ``target``) and the engine
         # that verifies them together (engine/llama.py LlamaBatch); alone: [target] and None.
         self.slots: list = []
@@ -199,16 +209,25 @@ class Runtime:
         out(utf8.decode(b"", final=True))
         return "".join(parts)
 
-    def save(self, rounds: int = 0, requests: int = 0) -> None:
+    def save(self, rounds: int = 0, requests: int = 0, between_replies: bool = False) -> None:
         """Write the learners into their store (atomically), counting the requests and rounds they
-        have seen since the last save. OutputError if the store cannot be written."""
+        have seen since the last save, and the n-gram memory beside it if it changed. A server
+        saving ``between_replies`` writes a memory whose last write was slow only every
+        MEMORY_EVERY_S (a crash then loses at most that much of it; the learners are always
+        written). OutputError if the store cannot be written."""
         if self.learners is None:
             return
         self.learners.to_store(self.store)
         self.store.bump(requests=requests, rounds=rounds)
         self.store.save()
-        if self.memory is not None:
-            save_memory(self.memory, self.store.path, fingerprint_key(self.store.fingerprint))
+        if self.memory is None or not self.memory.dirty:
+            return
+        now = time.monotonic()
+        if between_replies and self._memory_write_s > MEMORY_SLOW_S and now - self._memory_written < MEMORY_EVERY_S:
+            return
+        save_memory(self.memory, self.store.path, fingerprint_key(self.store.fingerprint))
+        self._memory_written = time.monotonic()
+        self._memory_write_s = self._memory_written - now
 
     # --- the end --------------------------------------------------------------------------------
 

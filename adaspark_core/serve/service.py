@@ -105,18 +105,20 @@ def serve_request(rt: Runtime, prompt: list[int], max_tokens: int, name: str, *,
         rt.run(gen, on_text=settled, stop=stop)
     finally:
         if gen.stats.rounds:
-            keep(rt, gen.stats.rounds, 1, on_warning)
+            keep(rt, gen.stats.rounds, 1, on_warning, between_replies=True)
     rest = scan.flush()
     if rest and on_text is not None:
         on_text(rest)
     return Reply(scan.text, gen.finish, len(prompt), rt.target.reused, gen.stats, rt.arm.name, sampling, gen.seed)
 
 
-def keep(rt: Runtime, rounds: int, requests: int, on_warning: Callable[[str], None] | None) -> None:
-    """Save the learned state; a store that cannot be written (a full disk) is reported through
-    ``on_warning`` and serving goes on, the learning kept in memory for the next save."""
+def keep(rt: Runtime, rounds: int, requests: int, on_warning: Callable[[str], None] | None,
+         between_replies: bool = False) -> None:
+    """Save the learned state (``between_replies``: after a reply, Runtime.save); a store that
+    cannot be written (a full disk) is reported through ``on_warning`` and serving goes on, the
+    learning kept in memory for the next save."""
     try:
-        rt.save(rounds, requests=requests)
+        rt.save(rounds, requests=requests, between_replies=between_replies)
     except OutputError as e:
         if on_warning is not None:
             on_warning(str(e))
@@ -207,6 +209,6 @@ class BatchServer:
         if rest and s.on_text is not None:
             s.on_text(rest)
         if s.gen.stats.rounds:
-            keep(self.rt, s.gen.stats.rounds, 1, self.on_warning)
+            keep(self.rt, s.gen.stats.rounds, 1, self.on_warning, between_replies=True)
         return Reply(s.scan.text, s.gen.finish, s.prompt_tokens, s.gen.target.reused, s.gen.stats, self.rt.arm.name,
                      s.gen.sampling, s.gen.seed)

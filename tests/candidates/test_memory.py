@@ -166,6 +166,34 @@ def test_a_served_run_remembers_its_replies_saves_them_beside_the_store_and_repl
     assert saved.documents == 2 and saved.summary()["rows"] == summary["rows"]
 
 
+def test_a_slow_memory_write_waits_between_replies_but_not_at_the_servers_last_save(tmp_path, monkeypatch):
+    """A big memory's file takes tens of ms to rewrite, and a reply's end waits for it: between a
+    server's replies a write slower than MEMORY_SLOW_S is repeated only every MEMORY_EVERY_S (the
+    learners are saved every time); the server's last save, and a save outside a server, write
+    it whenever it changed. Here every write counts as slow."""
+    from adaspark_core.decode import runtime
+    from adaspark_core.decode.runtime import EngineOptions, Runtime
+    from adaspark_core.serve.service import keep, serve_request
+
+    monkeypatch.setattr(runtime, "MEMORY_SLOW_S", -1.0)
+    monkeypatch.setattr(runtime, "MEMORY_EVERY_S", 3600.0)
+    store = tmp_path / "store.json"
+
+    def on_disk() -> tuple[int, int]:
+        owner = fingerprint_key(orjson.loads(store.read_bytes())["fingerprint"])
+        return orjson.loads(store.read_bytes())["counts"]["requests"], memory_file.load(store, owner).documents
+
+    with Runtime.open(EngineOptions(model=SIM), "adaspark", store=store) as rt:
+        prompt = rt.chat([{"role": "user", "content": "Tell me about rivers."}])
+        serve_request(rt, prompt, 160, "a")
+        assert on_disk() == (1, 1)  # the first write is due
+        serve_request(rt, prompt, 160, "b")
+        assert on_disk() == (2, 1)  # the learners are saved; the slow memory waits
+        assert rt.memory.dirty and rt.memory.documents == 2
+        keep(rt, 0, 0, None)  # the server's last save
+        assert on_disk() == (2, 2) and not rt.memory.dirty
+
+
 def test_the_recent_run_merges_into_the_index_a_single_run_would_be(monkeypatch):
     """New documents go into a small recent run, merged into the main one when it fills (so a
     reply's end does not move the whole index). Merging often, never, or building the index at
