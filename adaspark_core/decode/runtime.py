@@ -213,8 +213,8 @@ class Runtime:
         """Write the learners into their store (atomically), counting the requests and rounds they
         have seen since the last save, and the n-gram memory beside it if it changed. A server
         saving ``between_replies`` writes a memory whose last write was slow only every
-        MEMORY_EVERY_S (a crash then loses at most that much of it; the learners are always
-        written). OutputError if the store cannot be written."""
+        MEMORY_EVERY_S (a crash then loses the replies ended since the last write, at most that
+        span of them; the learners are always written). OutputError if the store cannot be written."""
         if self.learners is None:
             return
         self.learners.to_store(self.store)
