@@ -12,11 +12,12 @@ A tool turn (ToolACE) gives two timed replies when the model calls a tool: the c
 after the recorded result is returned as a ``tool`` message; a reply that calls nothing ends the turn.
 
 Every reply also keeps its delta trace, ``[[tokens so far, seconds since the first delta], ...]`` on
-the client clock (our arms' led by the decode's start, ``[0, seconds before the first delta]``), from
-which stats.py measures every pair of replies over their common first N tokens (capped replies
-included, and replies our arms emitted in one round). ``warm`` passes run the learning arms over the whole workload
-before the measured pass, untimed and unrecorded, so they are measured from a warm store; the
-learners are the arms' own, so what the warm pass taught them carries into the measured pass.
+the client clock (our arms' led by the decode's start, ``[0, seconds before the first delta]``),
+from which stats.py measures every pair of replies over their common first N tokens (capped replies
+included, and replies our arms emitted in one round). ``warm`` passes run the learning arms over the
+whole workload before the measured pass, untimed and unrecorded, so they are measured from a warm
+store; the learners are the arms' own, so what the warm pass taught them carries into the measured
+pass.
 """
 
 from __future__ import annotations

@@ -10,18 +10,19 @@ per parent over all its candidates, placed in the tree or not, plus the explicit
     sibling: s = a3 + a4 log r + a5 logit h + a6 logit sigma + psi + b_req
     n-gram:  s = (a7 + d_kind) logit p_src + w_bucket + psi + b_req
 
-psi is the context term (and, for drafter candidates, a depth term). w_bucket is the weight of the
-node's bucket (kind, evidence bin, n-gram nodes above: ngram.bucket) plus, beyond the paper, the
-weights of its two margins (kind and evidence; kind and nodes above), which pool what buckets of a
-kind share: a bucket alone learns only from its own labels, too few to price it well
-(ARCHITECTURE.md, section 5). d_kind, also beyond the paper, is the node's kind's own deviation
-from the shared slope, learned with the buckets: p_src is the precision of the request's own
-text, which tells how far a copy of it holds but not a chain from the memory of other replies
-(used where the request's text offers no copy; on the evaluation subset its nodes below a
-chain's first were accepted 0.92 of the time at p_src under 0.6 and 0.58-0.61 above it, where
-the shared slope priced them 0.82-0.85). A drafter candidate the n-gram source also proposed (agreed) adds
-max(0, logit p_src) and its agreed bucket's weight; one whose parent has a different n-gram
-proposal (contradicted) subtracts max(0, logit p_src) and adds its contradiction bucket's weight.
+psi is the context term (and, for drafter candidates, a depth term). w_bucket is the weight of
+the node's bucket (kind, evidence bin, n-gram nodes above: ngram.bucket) plus, beyond the paper,
+the weights of its two margins (kind and evidence; kind and nodes above), which pool what
+buckets of a kind share: a bucket alone learns only from its own labels, too few to price it
+well (ARCHITECTURE.md, section 5). d_kind, also beyond the paper, is the node's kind's own
+deviation from the shared slope, learned with the buckets: p_src is the precision of the
+request's own text, which tells how far a copy of it holds but not a chain from the memory of
+other replies (used where the request's text offers no copy; on the evaluation subset its nodes
+below a chain's first were accepted 0.92 of the time at p_src under 0.6 and 0.58-0.61 above it,
+where the shared slope priced them 0.82-0.85). A drafter candidate the n-gram source also
+proposed (agreed) adds max(0, logit p_src) and its agreed bucket's weight; one whose parent has
+a different n-gram proposal (contradicted) subtracts max(0, logit p_src) and adds its
+contradiction bucket's weight.
 
 Learning: every coefficient starts from a prior derived from the features' definitions (pick
 ln 2 + logit h, sibling log r, everything else 0: with the siblings' r summing to 1 this prices a
