@@ -64,6 +64,7 @@ class LlamaModel:
         self.desc = buf.value.decode(errors="replace")
         tmpl = L.llama_model_chat_template(self.ptr, None)
         self.chat_template = tmpl.decode() if tmpl else None
+        self._chat_formatter = None  # compiled at the first chat_prompt (_render_jinja)
         self._piece_buf = ctypes.create_string_buffer(256)
         self._pieces: dict[int, bytes] = {}
         self.arch = self.meta("general.architecture") or "?"
@@ -178,19 +179,25 @@ class LlamaModel:
 
     def _render_jinja(self, messages: list[dict]) -> str:
         # The model's own Jinja template, as llama-cpp-python's high-level API renders it, so the
-        # prompt matches what users of Llama.create_chat_completion get.
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        # prompt matches what users of Llama.create_chat_completion get. Compiled once per model:
+        # compiling it took 2-3 ms, twice a request (chat_prompt renders it twice), before every
+        # reply's first token.
+        if self._chat_formatter is None:
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        def text_of(tok: int) -> str:
-            return self.piece_special(tok).decode(errors="replace") if tok >= 0 else ""
+            def text_of(tok: int) -> str:
+                return self.piece_special(tok).decode(errors="replace") if tok >= 0 else ""
 
-        fmt = Jinja2ChatFormatter(
-            template=self.chat_template,
-            eos_token=text_of(L.llama_vocab_eos(self.vocab)),
-            bos_token=text_of(L.llama_vocab_bos(self.vocab)),
-        )
+            try:
+                self._chat_formatter = Jinja2ChatFormatter(
+                    template=self.chat_template,
+                    eos_token=text_of(L.llama_vocab_eos(self.vocab)),
+                    bos_token=text_of(L.llama_vocab_bos(self.vocab)),
+                )
+            except Exception as e:  # a template that does not compile names the model, not our stack
+                raise InputError(f"the chat template of {self.path.name} failed: {e}") from None
         try:
-            return fmt(messages=messages).prompt
+            return self._chat_formatter(messages=messages).prompt
         except Exception as e:  # a template error names the model, not our stack
             raise InputError(f"the chat template of {self.path.name} failed: {e}") from None
 
