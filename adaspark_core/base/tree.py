@@ -180,6 +180,8 @@ def layout(anchor_token: int, cands: list[Candidate], chosen: list[int]) -> Layo
     prefix of the best-first order), so the most likely branch comes first. Raises ValueError if
     ``chosen`` is not closed under taking parents.
     """
+    if not chosen:  # the anchor alone, most rounds' layout: no tree to walk
+        return Layout([ANCHOR], [anchor_token], [-1], [0], [[]], [0], [0], 0)
     chosen_set = set(chosen)
     kids: dict[int, list[int]] = {ANCHOR: []}
     for j in chosen:

@@ -76,6 +76,17 @@ def ext(name: str):
     return f
 
 
+# llama_get_logits returning the buffer's address as an int: llama-cpp-python's binding returns a
+# float pointer, which costs a ctypes cast every verify (engine/llama.py: _Context.logits).
+_get_logits = L.llama_cpp._lib["llama_get_logits"]  # a function object of its own, not the package's
+_get_logits.argtypes, _get_logits.restype = [L.llama_context_p_ctypes], ctypes.c_void_p
+
+
+def logits_address(ctx) -> int:
+    """Where the context's logits are, after its last decode (llama_get_logits)."""
+    return _get_logits(ctx)
+
+
 # Target architectures whose graph exposes its layers' inputs, which a DSpark drafter reads: the
 # vendored src/models/*.cpp that set t_layer_inp, by their general.architecture names. On any
 # other architecture llama.cpp aborts the process when the inputs are read, so it is checked here.

@@ -88,9 +88,13 @@ def test_layout_rejects_an_orphan():
 
 
 def test_width_one_is_the_anchor_alone():
-    lay = tree.layout(5, [], [])
-    assert lay.width == 1 and lay.is_chain and lay.n_leaves == 0
-    assert tree.accept_walk(lay, [42]) == ([], 42)
+    cands = make([(10, ANCHOR, PICK, .9), (11, 0, PICK, .9)])
+    for lay in (tree.layout(5, [], []), tree.layout(5, cands, [])):  # proposed but none verified
+        assert lay.width == 1 and lay.is_chain and lay.n_leaves == 0
+        # Row 0 is the anchor on sequence 0 alone, at depth 0, with no parent and no children.
+        assert (lay.cand, lay.token, lay.parent_row, lay.depth) == ([ANCHOR], [5], [-1], [0])
+        assert (lay.children, lay.seq_lo, lay.seq_hi) == ([[]], [0], [0])
+        assert tree.accept_walk(lay, [42]) == ([], 42)
 
 
 def test_accept_walk_follows_the_argmax_and_returns_the_bonus():
