@@ -406,18 +406,45 @@ def _path_tokens(cands: list[Candidate], j: int) -> list[int]:
     return out
 
 
+class KeptIndexes:
+    """The index each slot's last request ended with (its prompt and its committed reply), so
+    that the next request on the slot, whose prompt usually starts with that text (a
+    conversation's next turn), extends it instead of indexing its whole prompt again: extending
+    token by token gives the state indexing in bulk does, so the index is the same either way.
+    Indexing a 1,500-token prompt took 7.6 ms and an 8,000-token one 62 ms before the first token.
+    Keyed by the slot (the target object), one index each."""
+
+    def __init__(self):
+        self._by_slot: dict = {}
+
+    def take(self, slot, tokens: list[int]) -> SuffixIndex | None:
+        """The slot's kept index if its text is a prefix of ``tokens`` (then it is the caller's),
+        else None (and it is dropped)."""
+        idx = self._by_slot.pop(slot, None)
+        if idx is not None and len(idx.tokens) <= len(tokens) and idx.tokens == tokens[: len(idx.tokens)]:
+            return idx
+        return None
+
+    def put(self, slot, index: SuffixIndex) -> None:
+        self._by_slot[slot] = index
+
+
 class NgramSource:
     """The n-gram source as a Proposer (candidates/base.py): the fill of each round from the
     request's own text (a SuffixIndex made at ``begin``) or, where it has no copy to offer, from
     the ``memory`` of earlier replies, which keeps this reply when it ends (unless not
-    ``remember``: a timing repeat of a reply must not find itself there)."""
+    ``remember``: a timing repeat of a reply must not find itself there). With ``kept``, the index
+    starts from the one the slot's last request ended with where the prompt continues its text,
+    and is kept for the next request when this one ends."""
 
     name = "ngram"
 
-    def __init__(self, max_alts: int, memory: NgramMemory | None = None, remember: bool = True):
+    def __init__(self, max_alts: int, memory: NgramMemory | None = None, remember: bool = True,
+                 kept: KeptIndexes | None = None, slot=None):
         self.max_alts = max_alts
         self.memory = memory
         self.remember = remember
+        self.kept, self.slot = kept, slot
         self.index = SuffixIndex()
 
     @property
@@ -426,9 +453,12 @@ class NgramSource:
         return self.index.p_src
 
     def begin(self, tokens: list[int]) -> None:
-        self.index = SuffixIndex()
-        self.index.extend(tokens)
-        self.index.start = len(tokens)
+        idx = self.kept.take(self.slot, tokens) if self.kept is not None else None
+        if idx is None:
+            idx = SuffixIndex()
+        idx.extend(tokens[len(idx.tokens):])
+        idx.start = len(tokens)
+        self.index = idx
 
     def propose(self, cands: list[Candidate], depth_limit: int) -> None:
         fill(cands, self.index, min(depth_limit, tree.MAX_CHAIN_DEPTH), self.max_alts, self.memory)
@@ -441,3 +471,5 @@ class NgramSource:
     def end(self, reply: list[int]) -> None:
         if self.memory is not None and self.remember and reply:
             self.memory.add(reply)
+        if self.kept is not None:
+            self.kept.put(self.slot, self.index)

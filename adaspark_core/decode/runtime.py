@@ -22,6 +22,7 @@ from typing import Callable
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.sampling import Sampling
 from adaspark_core.candidates.memory import NgramMemory
+from adaspark_core.candidates.ngram import KeptIndexes
 from adaspark_core.decode.scheduler import Arm, Generation, Speculation
 from adaspark_core.engine import simlm
 from adaspark_core.learn.learned import Learners
@@ -119,6 +120,9 @@ class Runtime:
         # that verifies them together (engine/llama.py LlamaBatch); alone: [target] and None.
         self.slots: list = []
         self.engine = None
+        # Each slot's last n-gram index, which its next request extends where its prompt goes on
+        # from that request's text (candidates/ngram.py KeptIndexes).
+        self.kept_indexes = KeptIndexes()
 
     @property
     def arm(self) -> Arm | None:
@@ -181,7 +185,7 @@ class Runtime:
         learners = self.learners.regime(sampling is not None) if self.learners is not None else None
         return Generation(target or self.target, prompt, self.spec, max_tokens, request_id=request_id,
                           log=self.log, clock=clock, drafter=self.drafter, learners=learners,
-                          memory=self.memory, sampling=sampling)
+                          memory=self.memory, sampling=sampling, kept_indexes=self.kept_indexes)
 
     def run(self, gen: Generation, on_text: Callable[[str], None] | None = None,
             stop: Callable[[], str | None] | None = None) -> str:

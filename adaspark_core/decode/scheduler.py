@@ -29,7 +29,7 @@ from adaspark_core.base.sampling import Sampling, draw
 from adaspark_core.base.tree import Candidate, head_q
 from adaspark_core.candidates.base import PicksOnly, Proposer, propose_round
 from adaspark_core.candidates.memory import DEFAULT_CAP_MB, NgramMemory
-from adaspark_core.candidates.ngram import NgramSource
+from adaspark_core.candidates.ngram import KeptIndexes, NgramSource
 from adaspark_core.engine.base import Target, Verified
 from adaspark_core.learn.acceptance import HEAD
 from adaspark_core.learn.learned import LearnerParams, Learners
@@ -333,6 +333,7 @@ class Generation:
         sampling: Sampling | None = None,
         memory: NgramMemory | None = None,
         remember: bool = True,
+        kept_indexes: KeptIndexes | None = None,
     ):
         self.spec = Speculation.of(spec)
         arm = self.spec.arm
@@ -370,8 +371,9 @@ class Generation:
         # The candidate sources, in the order they propose (candidates/base.py): the model drafter
         # (its picks alone for block-chain), then the n-gram fill from the request's own text and
         # the ``memory`` of earlier requests, which gets this reply when it ends (unless not
-        # ``remember``: a timing repeat of a reply must not read itself).
-        self.ngram = NgramSource(self.spec.alternatives, memory, remember) if arm.uses_ngram else None
+        # ``remember``: a timing repeat of a reply must not read itself); with ``kept_indexes``,
+        # its index goes on from the one the target's last request ended with, where it can.
+        self.ngram = NgramSource(self.spec.alternatives, memory, remember, kept_indexes, target) if arm.uses_ngram else None
         model = PicksOnly(drafter) if drafter is not None and arm.picks_only else drafter
         self.proposers: list[Proposer] = [p for p in (model, self.ngram) if p is not None]
         # The learners persist across requests: pass the same ones to every request.

@@ -12,6 +12,7 @@ from adaspark_core.candidates.ngram import (
     FOLLOW,
     FOLLOW_ALT,
     MAX_SCAN,
+    KeptIndexes,
     NgramSource,
     SuffixIndex,
     bucket,
@@ -296,6 +297,44 @@ def test_incremental_extend_equals_bulk():
     fill(ca, a, 16)
     fill(cb, b, 16)
     assert ca and [c.to_dict() for c in ca] == [c.to_dict() for c in cb]
+
+
+INDEX_STATE = ("tokens", "start", "_end_of", "_prev", "_match", "_match_end", "predictions", "hits")
+
+
+def test_a_kept_index_goes_on_into_the_next_prompt_exactly_as_a_fresh_one():
+    rng = random.Random(5)
+    turn = lambda n: [rng.randrange(6) for _ in range(n)]  # noqa: E731 (a small alphabet: grams recur)
+    kept, slot, other = KeptIndexes(), object(), object()
+    first = turn(120)
+    src = NgramSource(1, kept=kept, slot=slot)
+    src.begin(first)
+    reply = turn(30)
+    for k in range(0, 30, 4):  # committed round by round, as the scheduler does
+        src.accept(reply[k : k + 4], [], [])
+    src.end(reply)
+    # The next turn's prompt goes on from the first request's text: the kept index is taken and
+    # extended, and is what indexing the whole prompt gives, down to the fill.
+    second = first + reply + turn(40)
+    nxt = NgramSource(1, kept=kept, slot=slot)
+    nxt.begin(second)
+    assert nxt.index is src.index
+    fresh = NgramSource(1)
+    fresh.begin(second)
+    assert all(getattr(nxt.index, f) == getattr(fresh.index, f) for f in INDEX_STATE)
+    assert nxt.p_src == fresh.p_src
+    a, b = [], []
+    nxt.propose(a, 16)
+    fresh.propose(b, 16)
+    assert a and [c.to_dict() for c in a] == [c.to_dict() for c in b]
+    # Another slot's request, or a prompt that does not go on from the kept text (an edited
+    # history), indexes afresh; a kept index is taken once.
+    nxt.end([])
+    for s, prompt in ((other, second + [1]), (slot, [9] + second)):
+        again = NgramSource(1, kept=kept, slot=s)
+        again.begin(prompt)
+        assert again.index is not nxt.index and again.index.tokens == prompt and again.index.start == len(prompt)
+    assert kept.take(slot, second + [1]) is None
 
 
 def test_index_agrees_with_a_naive_scan():

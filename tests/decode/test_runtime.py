@@ -61,6 +61,28 @@ def test_the_sim_is_deterministic_on_its_virtual_clock(tmp_path):
     assert a.stats.decode_tps > 0
 
 
+def test_a_conversations_next_turn_goes_on_from_the_last_turns_ngram_index():
+    """The index the first turn ended with is the one the second turn extends (its prompt starts
+    with the first turn's text), and the second reply is what a fresh runtime decodes."""
+    turns = [PROMPT, "Now say it once more."]
+    with Runtime.open(EngineOptions(model=SIM), "chain:3") as rt:
+        messages = [{"role": "user", "content": turns[0]}]
+        first = rt.generation(rt.chat(messages), 60)
+        messages += [{"role": "assistant", "content": rt.run(first)}, {"role": "user", "content": turns[1]}]
+        prompt = rt.chat(messages)
+        second = rt.generation(prompt, 60)
+        rt.run(second)
+        assert second.ngram.index is first.ngram.index and second.ngram.index.start == len(prompt)
+    with Runtime.open(EngineOptions(model=SIM), "chain:3") as rt:
+        alone = rt.generation(prompt, 60)
+        rt.run(alone)
+    assert alone.ngram.index is not second.ngram.index
+    # The same rounds (the simulated verify times differ: its noise follows the calls made).
+    assert second.tokens == alone.tokens
+    assert (second.stats.rounds, second.stats.widths, second.stats.accepted) == \
+        (alone.stats.rounds, alone.stats.widths, alone.stats.accepted)
+
+
 def test_a_stop_mark_ends_the_reply_with_the_end_token():
     _, _, gen, reply = decode("adaspark", text=f"then stop {simlm.STOP_MARK}", max_tokens=200)
     assert gen.finish == "stop" and len(gen.tokens) == simlm.STOP_AFTER
