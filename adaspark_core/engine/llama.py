@@ -183,23 +183,20 @@ class LlamaModel:
         # prompt matches what users of Llama.create_chat_completion get. Compiled once per model:
         # compiling it took 2-3 ms, twice a request (chat_prompt renders it twice), before every
         # reply's first token.
-        if self._chat_formatter is None:
-            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-            def text_of(tok: int) -> str:
-                return self.piece_special(tok).decode(errors="replace") if tok >= 0 else ""
+        def text_of(tok: int) -> str:
+            return self.piece_special(tok).decode(errors="replace") if tok >= 0 else ""
 
-            try:
+        try:
+            if self._chat_formatter is None:
                 self._chat_formatter = Jinja2ChatFormatter(
                     template=self.chat_template,
                     eos_token=text_of(L.llama_vocab_eos(self.vocab)),
                     bos_token=text_of(L.llama_vocab_bos(self.vocab)),
                 )
-            except Exception as e:  # a template that does not compile names the model, not our stack
-                raise InputError(f"the chat template of {self.path.name} failed: {e}") from None
-        try:
             return self._chat_formatter(messages=messages).prompt
-        except Exception as e:  # a template error names the model, not our stack
+        except Exception as e:  # a template error (compiling or rendering) names the model, not our stack
             raise InputError(f"the chat template of {self.path.name} failed: {e}") from None
 
     def target(self, n_ctx: int | None = None, threads: int | None = None, reuse_prefix: bool = False) -> "LlamaTarget":

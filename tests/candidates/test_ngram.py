@@ -284,6 +284,9 @@ def test_source_precision_on_a_hand_computed_sequence():
     assert idx.p_src == pytest.approx(3 / 5)
 
 
+INDEX_STATE = ("tokens", "start", "_end_of", "_prev", "_match", "_match_end", "predictions", "hits")
+
+
 def test_incremental_extend_equals_bulk():
     rng = random.Random(3)
     seq = [rng.randrange(4) for _ in range(300)] + [i % 7 for i in range(60)]
@@ -291,15 +294,11 @@ def test_incremental_extend_equals_bulk():
     a.extend(seq)
     for t in seq:
         b.extend([t])
-    state = ("tokens", "_end_of", "_prev", "_match", "_match_end", "predictions", "hits")
-    assert all(getattr(a, s) == getattr(b, s) for s in state)
+    assert all(getattr(a, s) == getattr(b, s) for s in INDEX_STATE)
     ca, cb = [], []
     fill(ca, a, 16)
     fill(cb, b, 16)
     assert ca and [c.to_dict() for c in ca] == [c.to_dict() for c in cb]
-
-
-INDEX_STATE = ("tokens", "start", "_end_of", "_prev", "_match", "_match_end", "predictions", "hits")
 
 
 def test_a_kept_index_goes_on_into_the_next_prompt_exactly_as_a_fresh_one():
