@@ -18,7 +18,7 @@ from adaspark_cli.compare_report import figure, tables
 from adaspark_cli.console import reported
 from adaspark_cli.plot import missing
 from adaspark_core.base.errors import InputError
-from adaspark_core.base.files import landing, replace
+from adaspark_core.base.files import landing, read_regular, replace
 from adaspark_core.decode.runtime import EngineOptions, Runtime
 from adaspark_core.decode.scheduler import parse_arm
 from adaspark_core.engine.simlm import SimModel
@@ -173,21 +173,26 @@ def load_workload(sets: Optional[List[Path]], which: str, max_turns: Optional[in
                            if f.stem in testset.SOURCE_ORDER else len(testset.SOURCE_ORDER))
             if not files:
                 raise InputError(f"no conversation sets (*.json) in {p}")
-        elif p.is_file():
-            files = [p]
-        else:
+        elif not p.exists():
             raise InputError(f"no such set or prompt file: {p}")
+        else:  # a file, or what is there instead (a device, a FIFO): its reader refuses it by name
+            files = [p]
         for f in files:
             if f.suffix == ".json":
-                convs += cmp.subset(testset.load(f), which, testset.is_eval_subset(f))
-            else:
-                try:
-                    text = f.read_text(encoding="utf-8")
-                except (OSError, UnicodeDecodeError):
-                    raise InputError(f"cannot read the prompt file {f} as UTF-8 text") from None
-                if not text.strip():
-                    raise InputError(f"prompt file is empty: {f}")
-                convs.append(cmp.prompt_conversation(f, text))
+                in_set, already_eval = testset.read_set(f)
+                convs += cmp.subset(in_set, which, already_eval)
+                continue
+            try:
+                raw = read_regular(f, "the prompt file", console.MAX_PROMPT_BYTES)
+            except FileNotFoundError:
+                raise InputError(f"no such set or prompt file: {f}") from None
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InputError(f"cannot read the prompt file {f} as UTF-8 text") from None
+            if not text.strip():
+                raise InputError(f"prompt file is empty: {f}")
+            convs.append(cmp.prompt_conversation(f, text))
     if not convs:
         raise InputError("the workload is empty")
     if max_turns is not None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Optional
 
 import orjson
@@ -17,6 +16,7 @@ import typer
 
 from adaspark_core.base import sampling as sampling_fields
 from adaspark_core.base.errors import InputError, OutputError
+from adaspark_core.base.files import read_regular
 from adaspark_core.base.sampling import Sampling
 
 
@@ -50,6 +50,11 @@ def quiet_stdout() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+# The largest prompt file read: its text must fit a context, and 16 MB is some four million tokens
+# at 4 bytes a token, past any context a model here runs with.
+MAX_PROMPT_BYTES = 16 << 20
+
+
 def read_prompt(path: str) -> str:
     """The prompt text of a file, or of stdin for ``-``; one error line if it cannot be read, is
     not UTF-8, or is empty."""
@@ -58,15 +63,12 @@ def read_prompt(path: str) -> str:
             fail("stdin is closed: give the prompt on stdin or name a prompt file")
         raw, what = sys.stdin.buffer.read(), "stdin"
     else:
-        p = Path(path)
-        if p.is_dir():
-            fail(f"the prompt {p} is a directory; name a text file")
         try:
-            raw, what = p.read_bytes(), f"prompt file {p}"
+            raw, what = read_regular(path, "the prompt file", MAX_PROMPT_BYTES), f"prompt file {path}"
         except FileNotFoundError:
-            fail(f"prompt file not found: {p}")
-        except OSError as e:
-            fail(f"cannot read the prompt file {p}: {e.strerror or e}")
+            fail(f"prompt file not found: {path}")
+        except InputError as e:  # a folder, a device, a FIFO, too large: named by the reader
+            fail(str(e))
     text = utf8(raw, what)
     if not text.strip():
         fail(f"prompt is empty: {path}")

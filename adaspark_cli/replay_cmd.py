@@ -31,7 +31,7 @@ def replay(
     (Table 7). Only rounds of learning arms (adaspark, pinned:N, cost) are replayed. With
     --regret, every arm of the log (fixed arms too) gets the hindsight account."""
     for p in [*logs, *(costs or [])]:
-        if not p.is_file():
+        if not p.exists():  # anything else there (a folder, a device) read_log names
             fail(f"round log not found: {p}")
     log = logs[-1]
 

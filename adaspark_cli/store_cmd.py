@@ -172,6 +172,9 @@ def reset(
         if path.is_dir():
             raise InputError(f"{path} is a directory, not a store file")
         mem_file = memory_path(path)
+        if mem_file.is_dir() and not mem_file.is_symlink():  # a folder's contents are not ours to delete
+            raise InputError(f"cannot remove the n-gram memory {mem_file}: it is a directory, which reset "
+                             f"leaves to you; nothing was removed")
         targets = [p for p in ([mem_file] if memory_only else [path, mem_file]) if p.exists()]
         what = "n-gram memory" if memory_only else "store"
         if not targets:
@@ -183,8 +186,8 @@ def reset(
         try:
             Store.reset(path, extra=[mem_file] if mem_file in targets else [],
                         keep_store=memory_only)
-        except OSError as e:
-            raise InputError(f"cannot remove {path}: {e.strerror or e}") from None
+        except OSError as e:  # the file that could not go: the memory goes first, then the store
+            raise InputError(f"cannot remove {e.filename or path}: {e.strerror or e}") from None
         typer.echo("removed " + " and ".join(map(str, targets)))
 
 

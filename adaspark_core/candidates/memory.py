@@ -29,14 +29,21 @@ time keeps the index rebuild, which eviction needs, rare).
 On disk: one file beside the store (``<store>.memory``), written atomically whenever the store is
 saved after the memory changed (between a server's replies a slow write is spaced out,
 decode/runtime.py ``MEMORY_EVERY_S``): a header line (magic), a JSON line (version, the store's
-fingerprint key, counts), then the tokens as little-endian int32. The index is rebuilt on load.
-A file that does not parse is reported and left as is, like a bad store (store/memory_file.py
-reads and writes it).
+fingerprint key, counts), the tokens as little-endian int32, then the CRC32 of every byte before
+it (4 bytes, little-endian). The index is rebuilt on load. A file that does not parse, or whose
+checksum does not match, is reported and left as is, like a bad store (store/memory_file.py
+reads and writes it): without the checksum a flipped byte that leaves a valid token id would be
+read silently, and the fill would propose the wrong token at that place for as long as the memory
+keeps it. CRC32 rather than a cryptographic hash: it catches every burst of up to 32 flipped bits
+for certain, and at some 3.6 GB/s (zlib, measured) a file at the 64 MB cap, whose tokens take
+12.8 MB, costs about 4 ms to write or read. Version 1 files, written before the checksum, are read
+as they were, and written as version 2 at the next save.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from array import array
 
 import numpy as np
@@ -51,7 +58,9 @@ RECENT_MAX = 1 << 16  # grams in the recent run before it merges into the main o
 DEFAULT_CAP_MB = 64.0
 BYTES_PER_TOKEN = 4 + 8 + 8  # the token (int32), its gram's hash (uint64) and end (int64)
 MAGIC = b"ADASPARK-NGRAM-MEMORY\n"
-VERSION = 1
+VERSION = 2  # 2 added the checksum
+READS = (1, 2)  # the versions read: 1 has no checksum
+CHECKSUM_BYTES = 4  # the CRC32 after the tokens (version 2)
 MAX_HEAD = 4096  # bytes of the header line (a few counts: a few hundred)
 MAX_FILE_BYTES = 1 << 36  # a file to inspect, whatever cap it was written under (64 GB)
 MAX_CORPUS_BYTES = 256 << 20  # a text file to memorize: ~60M tokens, some 20 times a 64 MB cap's worth
@@ -251,29 +260,43 @@ class NgramMemory:
         head = {"version": VERSION, "owner": owner, "documents": self.documents, "size": len(self.tokens),
                 "evicted": self.evicted, "lookups": self.lookups, "found": self.found, "rows": self.rows,
                 "accepted": self.accepted}
-        return MAGIC + orjson.dumps(head) + b"\n" + np.frombuffer(self.tokens, np.int32).astype("<i4").tobytes()
+        front = MAGIC + orjson.dumps(head) + b"\n"
+        tokens = np.frombuffer(self.tokens, np.int32).astype("<i4").tobytes()
+        crc = zlib.crc32(tokens, zlib.crc32(front))
+        return b"".join((front, tokens, crc.to_bytes(CHECKSUM_BYTES, "little")))
 
     @classmethod
     def from_bytes(cls, raw: bytes, owner: str, cap_mb: float = DEFAULT_CAP_MB,
                    n_vocab: int | None = None) -> "NgramMemory":
-        """The memory a file holds; MemoryFileError saying what is wrong, or whose it is not. Every
-        token must be in the model's vocabulary (``n_vocab``, when known): a flipped byte would
-        otherwise become a candidate the engine cannot decode."""
+        """The memory a file holds; MemoryFileError saying what is wrong, or whose it is not. A
+        version 2 file's checksum is checked before anything the header says is believed (a
+        flipped byte in the owner or a count would otherwise be reported as what it is not). Every
+        token must be in the model's vocabulary (``n_vocab``, when known): a version 1 file has no
+        checksum, and a token out of it would become a candidate the engine cannot decode."""
         if not raw.startswith(MAGIC):
             raise MemoryFileError("not an AdaSpark n-gram memory")
-        body = raw[len(MAGIC):]
-        nl = body.find(b"\n", 0, MAX_HEAD)
+        nl = raw.find(b"\n", len(MAGIC), len(MAGIC) + MAX_HEAD)
         try:
-            head = orjson.loads(body[:nl]) if nl >= 0 else None
+            head = orjson.loads(raw[len(MAGIC) : nl]) if nl >= 0 else None
         except orjson.JSONDecodeError:
             head = None
         if not isinstance(head, dict):
             raise MemoryFileError("its header is not a JSON object")
-        if head.get("version") != VERSION:
-            raise MemoryFileError(f"version {head.get('version')!r} (this AdaSpark reads {VERSION})")
+        version = head.get("version")
+        if isinstance(version, bool) or version not in READS:
+            raise MemoryFileError(f"version {version!r} (this AdaSpark reads {', '.join(map(str, READS))})")
+        data = memoryview(raw)[nl + 1 :]  # a view: the tokens are copied once, into the memory
+        if version >= 2:
+            if len(data) < CHECKSUM_BYTES:
+                raise MemoryFileError("it is damaged: it ends before its checksum (a cut file)")
+            stored = int.from_bytes(data[-CHECKSUM_BYTES:], "little")
+            crc = zlib.crc32(memoryview(raw)[:-CHECKSUM_BYTES])
+            if crc != stored:
+                raise MemoryFileError(f"it is damaged: checksum {crc:08x}, where the file says {stored:08x} "
+                                      f"(a changed or cut file)")
+            data = data[:-CHECKSUM_BYTES]
         if head.get("owner") != owner:
             raise MemoryFileError("it belongs to another model, drafter or machine than its store")
-        data = body[nl + 1 :]
         counts = ("documents", "size", "evicted", "lookups", "found", "rows", "accepted")
         if not all(isinstance(head.get(k), int) and head[k] >= 0 for k in counts) or len(data) != 4 * head["size"]:
             raise MemoryFileError("its counts do not match its contents (a cut or edited file)")

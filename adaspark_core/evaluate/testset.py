@@ -12,17 +12,13 @@ from pathlib import Path
 import orjson
 
 from adaspark_core.base.errors import InputError
+from adaspark_core.base.files import read_regular
 
 # The sources in the order of the paper's Table 13 (and ../shared/testset/README.md).
 SOURCE_ORDER = ("specbench", "speedbench", "wildchat", "convfinqa", "toolace", "longbench")
-
-
-def is_eval_subset(path: Path) -> bool:
-    """Whether a set file says it already is the paper's evaluation subset (as ../shared/testset)."""
-    try:
-        return str(orjson.loads(Path(path).read_bytes()).get("subset", "")).startswith("evaluation subset")
-    except (OSError, orjson.JSONDecodeError, AttributeError):
-        return False
+# The largest set file read whole. Every turn is a prompt that fits a context; the benchmark's
+# largest set (longbench) is 91 KB, so 64 MB is a file that is not a set.
+MAX_SET_BYTES = 64 << 20
 
 
 def shared_dir() -> Path:
@@ -52,16 +48,25 @@ class Conversation:
 
 def load(path: Path) -> list[Conversation]:
     """The conversations of one set file; InputError naming the file for anything malformed."""
+    return read_set(path)[0]
+
+
+def read_set(path: Path) -> tuple[list[Conversation], bool]:
+    """(the conversations of one set file, whether it says it already is the paper's evaluation
+    subset, as ../shared/testset does), read once; InputError naming the file for anything
+    that is not a regular file of at most MAX_SET_BYTES holding a conversation set."""
     try:
-        d = orjson.loads(Path(path).read_bytes())
+        raw = read_regular(path, "the conversation set", MAX_SET_BYTES)
+    except FileNotFoundError as e:
+        raise InputError(f"cannot read the conversation set {path}: {e.strerror}") from None
+    try:
+        d = orjson.loads(raw)
         convs = d["conversations"]
         name = d.get("set") or Path(path).stem
         out = [Conversation(name, c["name"], c["kind"], tuple(c["turns"]), tuple(c.get("tools") or ())) for c in convs]
         if any(not isinstance(t.get("text"), str) for c in out for t in c.turns):
             raise ValueError("a turn has no text")
-        return out
-    except OSError as e:
-        raise InputError(f"cannot read the conversation set {path}: {e.strerror}") from None
+        return out, str(d.get("subset", "")).startswith("evaluation subset")
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
         raise InputError(f"{path} is not a conversation set ({e})") from None
 

@@ -27,6 +27,7 @@ from typing import Iterable
 import orjson
 
 from adaspark_core.base.errors import InputError
+from adaspark_core.base.files import open_regular
 from adaspark_core.decode.scheduler import Generation, parse_arm
 from adaspark_core.engine.sim import Interference, SimTarget, VirtualClock
 from adaspark_core.evaluate.regret import CostTable
@@ -35,6 +36,12 @@ from adaspark_core.learn.learned import Learners
 from adaspark_core.store.record import RoundLog, read_log
 
 TRACE_SCHEMA = 1
+# A trace line holds one reply's prompt and tokens, which fit a context: 16 MB is over two million
+# tokens at 7 bytes each (a six-digit id and a comma). A file holds a workload's replies, every
+# one of which simulate keeps as Python lists (some five times the text): 256 MB, some 36 million
+# tokens, is a file to simulate in a few GB of RAM; a larger one is refused, not swapped.
+MAX_TRACE_LINE = 16 << 20
+MAX_TRACE_BYTES = 256 << 20
 END = -2  # the target's token after a reply that stopped, where the trace did not keep the model's own
 OFF = -3  # the target's token where the trace says nothing (past a capped reply, off its path)
 
@@ -73,28 +80,31 @@ def write_trace(path: str | os.PathLike, trace: Trace) -> None:
 
 
 def read_traces(paths: Iterable[str | os.PathLike]) -> list[Trace]:
+    """The traces of the files, in order; InputError naming the file (and line) for one that is
+    not a regular file of trace lines within the bounds."""
     out = []
     for path in paths:
         p = Path(path)
         try:
-            lines = p.read_bytes().splitlines()
-        except OSError as e:
-            raise InputError(f"cannot read the trace file {p}: {e.strerror or e}") from None
-        for i, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                d = orjson.loads(line)
-                if d.get("schema") != TRACE_SCHEMA:
-                    raise ValueError(f"schema {d.get('schema')!r}, this version reads {TRACE_SCHEMA}")
-                t = Trace(str(d["request"]), str(d["source"]), str(d["conversation"]), int(d["turn"]),
-                          int(d["reply"]), [int(x) for x in d["prompt"]], [int(x) for x in d["tokens"]],
-                          str(d["finish"]), *(None if d.get(k) is None else int(d[k]) for k in ("end", "max_tokens")))
-                if not t.prompt:
-                    raise ValueError("the prompt is empty")
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise InputError(f"{p}:{i}: not a trace line ({e})") from None
-            out.append(t)
+            lines = open_regular(p, "the trace file", MAX_TRACE_BYTES, MAX_TRACE_LINE)
+        except FileNotFoundError as e:
+            raise InputError(f"cannot read the trace file {p}: {e.strerror}") from None
+        with lines:
+            for i, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    d = orjson.loads(line)
+                    if d.get("schema") != TRACE_SCHEMA:
+                        raise ValueError(f"schema {d.get('schema')!r}, this version reads {TRACE_SCHEMA}")
+                    t = Trace(str(d["request"]), str(d["source"]), str(d["conversation"]), int(d["turn"]),
+                              int(d["reply"]), [int(x) for x in d["prompt"]], [int(x) for x in d["tokens"]],
+                              str(d["finish"]), *(None if d.get(k) is None else int(d[k]) for k in ("end", "max_tokens")))
+                    if not t.prompt:
+                        raise ValueError("the prompt is empty")
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+                    raise InputError(f"{p}:{i}: not a trace line ({e})") from None
+                out.append(t)
     if not out:
         raise InputError("the trace files hold no trace")
     return out

@@ -1,6 +1,8 @@
 """The n-gram memory's file beside its store (``<store>.memory``): read with the checks that keep a
-damaged or oversized file from reaching the fill, written atomically (the format:
-candidates/memory.py, ``NgramMemory.to_bytes``)."""
+damaged or oversized file from reaching the fill (a regular file within the cap, its checksum, its
+owner, its counts, its tokens), written atomically (the format: candidates/memory.py,
+``NgramMemory.to_bytes``). A file that fails a check is reported and left as is, never replaced:
+what it held was learned, and only the user can say it may go."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 from adaspark_core.base.errors import InputError, OutputError
 from adaspark_core.base.files import TooLarge, read_regular, replace
 from adaspark_core.candidates.memory import (
+    CHECKSUM_BYTES,
     DEFAULT_CAP_MB,
     MAGIC,
     MAX_FILE_BYTES,
@@ -37,7 +40,7 @@ def load(store_path: Path, owner: str, cap_mb: float | None = DEFAULT_CAP_MB,
         cap_mb, limit = math.inf, MAX_FILE_BYTES
     else:
         # a memory within the cap has at most cap / 4 bytes of tokens (BYTES_PER_TOKEN counts 4)
-        limit = len(MAGIC) + MAX_HEAD + int(cap_mb * 1e6)
+        limit = len(MAGIC) + MAX_HEAD + int(cap_mb * 1e6) + CHECKSUM_BYTES
     over = (f"its cap of {cap_mb:g} MB (--memory-mb); it was left as is: raise the cap, or run "
             f"`adaspark store reset --memory` to start it afresh")
     try:

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Callable, Iterator
 
 import orjson
 
 from adaspark_core.base.errors import OutputError
-from adaspark_core.base.files import open_log
+from adaspark_core.base.files import open_log, open_regular
 from adaspark_core.base.schema import apply_upgrades
 
 SCHEMA = 6
@@ -176,6 +175,12 @@ class RoundLog:
         self.close()
 
 
+# A record holds one round: at most MAX_WIDTH rows and their candidates (the fixture log's largest
+# line is 9 KB). A log is bounded only so that a device posing as one is refused.
+MAX_RECORD_BYTES = 16 << 20
+MAX_LOG_BYTES = 1 << 36
+
+
 def read_log(path: str | os.PathLike, on_cut: Callable[[str], None] | None = None) -> Iterator[RoundRecord]:
     """Yield the records of a round log, upgraded to the current schema.
 
@@ -184,7 +189,7 @@ def read_log(path: str | os.PathLike, on_cut: Callable[[str], None] | None = Non
     and ``on_cut`` is told so. Raises ValueError naming the line for any other line that is not a
     record.
     """
-    with open(Path(path), "rb") as f:
+    with open_regular(path, "the round log", MAX_LOG_BYTES, MAX_RECORD_BYTES) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -3,6 +3,7 @@ eviction, the file beside the store, the fill's memory chains, and a served run 
 from it and replays exactly."""
 
 import random
+import zlib
 
 import numpy as np
 import orjson
@@ -100,7 +101,7 @@ def test_the_file_round_trips_and_a_bad_one_is_reported_and_left_as_is(tmp_path)
         memory_file.load(store, "owner-b")
     path = memory_file.memory_path(store)
     good = path.read_bytes()
-    for bad in (good[:-3], b"junk", good.replace(b'"version":1', b'"version":9'),
+    for bad in (good[:-3], b"junk", good.replace(b'"version":2', b'"version":9'),
                 good[: len(mem.MAGIC)] + b"{]\n"):
         path.write_bytes(bad)
         with pytest.raises(StoreError, match="cannot be used") as e:
@@ -108,6 +109,49 @@ def test_the_file_round_trips_and_a_bad_one_is_reported_and_left_as_is(tmp_path)
         assert "store reset --memory" in str(e.value)
         assert path.read_bytes() == bad  # left as is
     assert memory_file.load(tmp_path / "none.json", "x").n_tokens == 0
+
+
+def written(tmp_path, documents):
+    """(the store path, its memory's file, the memory) of a memory of ``documents`` saved beside it."""
+    store = tmp_path / "s.json"
+    m = NgramMemory()
+    for d in documents:
+        m.add(d)
+    memory_file.save(m, store, "owner-a")
+    return store, memory_file.memory_path(store), m
+
+
+def test_a_flipped_byte_is_reported_by_the_checksum_and_the_file_left_as_is(tmp_path):
+    """A byte that still leaves every token an id of the vocabulary: only the checksum tells."""
+    store, path, m = written(tmp_path, docs(5, 50))
+    good = path.read_bytes()
+    at = len(good) - mem.CHECKSUM_BYTES - 4 * 7  # the low byte of a token of the last document
+    assert 0 <= int.from_bytes(good[at : at + 4], "little") < 40  # an id of docs' vocabulary, so is t ^ 1
+    damaged = good[:at] + bytes([good[at] ^ 1]) + good[at + 1 :]
+    path.write_bytes(damaged)
+    with pytest.raises(StoreError) as e:
+        memory_file.load(store, "owner-a", n_vocab=40)
+    message = str(e.value)
+    assert f"the n-gram memory {path} cannot be used: it is damaged: checksum" in message
+    assert "store reset --memory" in message and "\n" not in message
+    assert path.read_bytes() == damaged  # reported, never replaced
+    path.write_bytes(good)
+    assert list(memory_file.load(store, "owner-a", n_vocab=40).tokens) == list(m.tokens)
+
+
+def test_a_version_1_file_still_reads_and_its_next_save_writes_the_checksum(tmp_path):
+    store, path, m = written(tmp_path, docs(3, 40))
+    head = {"version": 1, "owner": "owner-a", "documents": m.documents, "size": len(m.tokens), "evicted": 0,
+            "lookups": 0, "found": 0, "rows": 0, "accepted": 0}
+    path.write_bytes(mem.MAGIC + orjson.dumps(head) + b"\n" + np.asarray(m.tokens, "<i4").tobytes())  # no checksum
+    old = memory_file.load(store, "owner-a", n_vocab=40)
+    assert list(old.tokens) == list(m.tokens) and old.summary() == m.summary()
+    old.add(docs(1, 40, seed=9)[0])
+    memory_file.save(old, store, "owner-a")
+    raw = path.read_bytes()
+    assert orjson.loads(raw[len(mem.MAGIC) : raw.index(b"\n", len(mem.MAGIC))])["version"] == 2
+    assert int.from_bytes(raw[-mem.CHECKSUM_BYTES :], "little") == zlib.crc32(raw[: -mem.CHECKSUM_BYTES])
+    assert memory_file.load(store, "owner-a").documents == 4
 
 
 def chain(cands):

@@ -346,8 +346,14 @@ def _store_with_memory(tmp_path):
 
 def test_27_2_a_token_past_the_vocabulary_in_the_memory_is_refused_and_nothing_is_saved(tmp_path):
     store, mem = _store_with_memory(tmp_path)
+    import zlib
+
+    from adaspark_core.candidates.memory import CHECKSUM_BYTES
+
     raw = bytearray(mem.read_bytes())
-    raw[-1] = 0x01  # the top byte of the last token (little-endian int32): an id past any vocabulary
+    raw[-1 - CHECKSUM_BYTES] = 0x01  # the top byte of the last token (little-endian int32): an id past any vocabulary
+    # a checksum that agrees (as a version 1 file has none): the vocabulary check alone refuses it
+    raw[-CHECKSUM_BYTES:] = zlib.crc32(raw[:-CHECKSUM_BYTES]).to_bytes(CHECKSUM_BYTES, "little")
     mem.write_bytes(bytes(raw))
     before = store.read_bytes()
     res = adaspark("decode", PROMPT, "--model", SIM, "--arm", "pinned:8", "-n", 32, "--store", store)

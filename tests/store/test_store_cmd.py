@@ -292,6 +292,17 @@ def test_reset_needs_yes_and_removes_only_the_store(store, model, tmp_path):
     assert not bad.exists()
 
 
+def test_reset_names_a_memory_it_cannot_remove_and_removes_nothing(store, model):
+    memory = store.with_name(store.name + ".memory")
+    memory.mkdir()  # a folder where the memory's file goes
+    (memory / "kept").write_text("a user's file")
+    before = store.read_bytes()
+    for only in (["--memory"], []):
+        res = adaspark("store", "reset", "--model", model, "--yes", *only)
+        assert_one_error_line(res, f"cannot remove the n-gram memory {memory}: it is a directory", "nothing was removed")
+    assert store.read_bytes() == before and (memory / "kept").read_text() == "a user's file"
+
+
 def test_export_reset_import_round_trip(store, model, tmp_path):
     shown = show_json("--model", model)
     dest = tmp_path / "out" / "copy.json"
