@@ -8,6 +8,12 @@ chooses), then the learners learn from the record (Learners.learn). So the learn
 equals the live one, and a re-priced q, a re-ordered tree or a re-decided width that differs from
 the log means the log and the learners disagree: replay says so.
 
+Replay feeds the learners only what they can learn exactly (``_Whole``): a request's rounds from
+its beginning on, a batched step whole. A log that starts mid-request (``tail``), lacks a
+request's rounds or a step's, or names a request that never began is replayed from where it is
+whole again, and the report counts what was left out (``Report.skipped``); learners that did not
+see it cannot be the run's, which a check or a comparison with the run's store then says.
+
 The report is computed on the way, from what replay observes:
 
 - Table 2 (acceptance prediction): per request the log loss per labelled node of the head-based
@@ -27,12 +33,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 from adaspark_core.base import tree
+from adaspark_core.base.errors import InputError
 from adaspark_core.base.tree import NGRAM
 from adaspark_core.candidates.ngram import MEMORY
 from adaspark_core.decode.batch import decide_step
@@ -47,6 +55,33 @@ BINS = 10
 
 class ReplayMismatch(ValueError):
     pass
+
+
+class ReplayRefused(ValueError):
+    """A log replay cannot go through (an arm this version does not know): the message says why."""
+
+
+@dataclass
+class Skipped:
+    """The rounds replay left out (``_Whole``): how many, of which requests, the first and why."""
+
+    rounds: int = 0
+    requests: set = field(default_factory=set)
+    first: str = ""
+
+    def add(self, recs: list[RoundRecord], why: str) -> None:
+        if not self.rounds:
+            self.first = why
+        self.rounds += len(recs)
+        self.requests.update(r.request for r in recs)
+
+    def __bool__(self) -> bool:
+        return self.rounds > 0
+
+    def __str__(self) -> str:
+        n, m = self.rounds, len(self.requests)
+        return (f"skipped {n} round{'s' * (n != 1)} of {m} request{'s' * (m != 1)} that the log does not hold "
+                f"whole (the first, {self.first})")
 
 
 @dataclass
@@ -78,6 +113,7 @@ class Report:
     # requests in a batched step -> where its time went, summed over its steps (those that
     # carried prompt tokens only counted: their decode is mostly the prompt's)
     step_times: dict[int, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    skipped: Skipped = field(default_factory=Skipped)  # rounds not replayed: the log lacks what they need
 
     def to_json(self) -> dict:
         """Every quantity of the report as plain JSON."""
@@ -168,19 +204,39 @@ def replay(records: Iterable[RoundRecord], learners: Learners | None = None,
            check: bool = True) -> tuple[Learners, Report]:
     """Feed the records of learning arms to ``learners`` (fresh by default), a sampled request's
     to their sampled regime (``Learners.regime``, made at the first as the live run made it);
-    return them and the report. ``check``: raise ReplayMismatch where replay and the log
-    disagree."""
+    return them and the report. Rounds the log does not hold whole are left out and counted
+    (``Report.skipped``). ``check``: raise ReplayMismatch where replay and the log disagree."""
     learners = learners or Learners()
     report = Report()
+    whole = _Whole()
+    try:
+        _replay(records, learners, report, whole, check)
+    except ReplayMismatch as e:
+        if not whole.skipped:
+            raise
+        raise ReplayMismatch(f"{e}; before it, replay {whole.skipped}, which the run's learners learned from") from None
+    report.skipped = whole.skipped
+    return learners, report
+
+
+def _replay(records: Iterable[RoundRecord], learners: Learners, report: Report, whole: "_Whole", check: bool) -> None:
     req: RequestStats | None = None
     open_reqs: dict[str, RequestStats] = {}  # requests decoded together, by id
     for group in _decided_together(records):
         if group[0].step is not None:
-            _time_step(group, report)
-            _replay_step(group, learners, report, open_reqs, check)
+            # Requests that began since the last step begin before this one decides, as they did
+            # live (step["began"]), also where the step itself is left out: their state starts there.
+            began, replayed = whole.step(group)
+            for request, sampled in began:
+                learners.regime(sampled).start_request(request, alone=False)
+            if replayed:
+                _time_step(group, report)
+                _replay_step(group, learners, report, open_reqs, check)
             continue
         rec = group[0]
-        arm = parse_arm(rec.arm)
+        if not whole.lone(rec):
+            continue
+        arm = _arm(rec)
         if not arm.learns:
             continue
         regime = learners.regime(rec.sampling is not None)  # as the live request chose it
@@ -210,7 +266,148 @@ def replay(records: Iterable[RoundRecord], learners: Learners | None = None,
         if rec.last:
             req.finish = rec.finish
         _observe(report, rec, arm, chooser_before, d_ms)
-    return learners, report
+
+
+def whole_rounds(records: Iterable[RoundRecord]) -> tuple[list[RoundRecord], Skipped]:
+    """The records replay would replay, every arm's (``_Whole``), and what it would leave out: the
+    rounds a hindsight account can take as the run had them."""
+    whole = _Whole()
+    kept: list[RoundRecord] = []
+    for group in _decided_together(records):
+        if (whole.step(group)[1] if group[0].step is not None else whole.lone(group[0])):
+            kept += group
+    return kept, whole.skipped
+
+
+class _Absent:
+    """A field one side of a comparison lacks (``state_differences``)."""
+
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+ABSENT = _Absent()
+
+
+def state_differences(a, b, where: str = "") -> Iterator[tuple[str, object, object]]:
+    """(dotted path, a's value, b's) wherever two JSON values differ, in ``a``'s order, then
+    ``b``'s fields ``a`` lacks (ABSENT on the side that lacks one). Exact: replay reproduces the
+    run's learners bit for bit, so a float off in its last bit is a difference, and so is 1 for 1.0."""
+    if type(a) is dict and type(b) is dict:
+        for k in [*a, *(k for k in b if k not in a)]:
+            yield from state_differences(a.get(k, ABSENT), b.get(k, ABSENT), f"{where}.{k}" if where else str(k))
+    elif type(a) is list and type(b) is list and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            yield from state_differences(x, y, f"{where}.{i}")
+    elif type(a) is not type(b) or a != b:
+        yield where, a, b
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_arm(name: str) -> Arm:
+    return parse_arm(name)
+
+
+def _arm(rec: RoundRecord) -> Arm:
+    """The record's arm; ReplayRefused, naming the round, for a name this version does not know."""
+    try:
+        return _parse_arm(rec.arm)
+    except InputError as e:
+        raise ReplayRefused(f"request {rec.request} round {rec.round}: {e}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A request all of whose rounds so far were replayed: what its next round must be to follow."""
+
+    round: int
+    arm: str | bool  # its arm; before its first round (admitted in a step), whether the step's arm learns
+    sampled: bool
+    batched: bool
+
+    def gap(self, rec: RoundRecord) -> str | None:
+        """Why ``rec`` cannot be its next round; None if it can."""
+        if self.round != rec.round:
+            return f"its round {self.round} is not in the log"
+        if self.round == 0 and not rec.first:  # (admitted in a step: its round 0 is its first)
+            return "its round 0 is not marked as its first"
+        if self.batched != (rec.step is not None):
+            return "its earlier rounds were verified " + ("together with other requests'" if self.batched else "alone")
+        if self.sampled != (rec.sampling is not None) or (
+                self.arm != rec.arm if isinstance(self.arm, str) else self.arm != _arm(rec).learns):
+            return "its arm or its sampling differs from its earlier rounds'"
+        return None
+
+
+class _Whole:
+    """Which of a log's rounds replay can feed the learners as the run did, in the log's order.
+
+    A request's learner state (the acceptance model's intercept, offset and rounds waiting for
+    their hindsight labels) is built from every round since it began: its first round, or, in a
+    batched log, its admission (``step.began``, steps before its first round). So a round is
+    replayed only if every earlier round of its request was, alike (arm, regime, alone or not).
+    A batched step's rounds were decided together (``decide_step``), so a step is replayed whole
+    or not at all: one that lacks a round (a line cut, a request's lines taken out, a request
+    renamed) is left out, and with it every later round of its requests, whose state then lacks
+    one. A request whose beginning is not in the log is left out until it ends. Requests
+    alone and requests together do not share the per-request state: one alone that begins ends
+    every open batched one's (AcceptanceModel.start_request), one admitted to a step moves the
+    current state off an open lone one. What is left out is counted in ``skipped``."""
+
+    def __init__(self):
+        self.held: dict[str, _Held] = {}
+        self.skipped = Skipped()
+
+    def lone(self, rec: RoundRecord) -> bool:
+        """Whether a round verified alone is replayed."""
+        held = self.held.pop(rec.request, None)
+        why = None if rec.first else "the log does not hold its earlier rounds" if held is None else held.gap(rec)
+        if why is not None:
+            self.skipped.add([rec], f"request {rec.request} round {rec.round}: {why}")
+            return False
+        if _arm(rec).learns:
+            self._drop(batched=True)
+        if not rec.last:
+            self.held[rec.request] = _Held(rec.round + 1, rec.arm, rec.sampling is not None, False)
+        return True
+
+    def step(self, group: list[RoundRecord]) -> tuple[list[list], bool]:
+        """A batched step: the [request, sampled] of the requests whose learner state begins at
+        it (those of a learning arm), and whether the step is replayed."""
+        s = group[0].step
+        learning = any(_arm(r).learns for r in group)
+        began = s.get("began")
+        if began is None:  # a log older than chunked prefill: each began at its first round's step
+            began = [[r.request, r.sampling is not None] for r in group if r.first]
+        if learning and began:
+            self._drop(batched=False)
+        for request, sampled in began:
+            self.held[request] = _Held(0, learning, sampled, True)
+        where = f"step {s['batch']}/{s['id']}"
+        n = s["requests"]
+        why = None
+        if len(group) != n or {r.step["index"] for r in group} != set(range(n)):
+            why = f"{where} has {len(group)} of its {n} rounds"
+        elif learning and len({r.arm for r in group}) > 1:
+            why = f"{where} mixes arms"
+        for r in group if why is None else ():
+            held = self.held.get(r.request)
+            gap = "the log does not hold its earlier rounds" if held is None else held.gap(r)
+            if gap is not None:
+                why = f"{where}, request {r.request} round {r.round}: {gap}"
+                break
+        for r in group:
+            if why is not None or r.last:
+                self.held.pop(r.request, None)
+            else:
+                self.held[r.request] = _Held(r.round + 1, r.arm, r.sampling is not None, True)
+        if why is not None:
+            self.skipped.add(group, why)
+        return (began if learning else []), why is None
+
+    def _drop(self, batched: bool) -> None:
+        for request in [k for k, h in self.held.items() if h.batched == batched]:
+            del self.held[request]
 
 
 def _decided_together(records: Iterable[RoundRecord]) -> Iterator[list[RoundRecord]]:
@@ -261,18 +458,11 @@ def _step_means(c: Counter) -> dict:
 
 def _replay_step(group: list[RoundRecord], learners: Learners, report: Report,
                  open_reqs: dict[str, RequestStats], check: bool) -> None:
-    """A batched step: every learning round decided as the step decided them (``decide_step``, in
-    the requests' order, each regime's apart), then learned from in the log's order."""
-    group = [rec for rec in group if parse_arm(rec.arm).learns]
-    if not group:
+    """A batched step, whole (``_Whole``; its requests begun): every learning round decided as the
+    step decided them (``decide_step``, in the requests' order, each regime's apart), then
+    learned from in the log's order."""
+    if not _arm(group[0]).learns:  # a step's requests share their learning arm, or none learns
         return
-    # Requests that began since the last step begin before this one decides, as they did live
-    # (step["began"]; a log older than chunked prefill began each at its first round's step).
-    began = group[0].step.get("began")
-    if began is None:
-        began = [[rec.request, rec.sampling is not None] for rec in group if rec.first]
-    for request, sampled in began:
-        learners.regime(sampled).start_request(request, alone=False)
     for rec in group:
         if rec.first:
             open_reqs[rec.request] = RequestStats(rec.request, sampled=rec.sampling is not None)
@@ -286,7 +476,7 @@ def _replay_step(group: list[RoundRecord], learners: Learners, report: Report,
         regime = learners.regime(sampled)
         plans = [RoundPlan(r.round, 0.0, 0.0, r.anchor, r.context, [], [dict(c) for c in r.candidates], r.p_src,
                            r.step["max_rows"]) for r in recs]
-        decisions = decide_step(plans, [parse_arm(r.arm) for r in recs], regime, recs[0].step["cells"],
+        decisions = decide_step(plans, [_arm(r) for r in recs], regime, recs[0].step["cells"],
                                 lambda k, recs=recs, regime=regime: regime.use(recs[k].request))
         for r, plan, dec in zip(recs, plans, decisions):
             if check:
@@ -309,7 +499,7 @@ def _replay_step(group: list[RoundRecord], learners: Learners, report: Report,
             req.finish = rec.finish
             open_reqs.pop(rec.request, None)
         report.batched[rec.step["requests"]][rec.width] += 1
-        _observe(report, rec, parse_arm(rec.arm), chooser_before, d_ms)
+        _observe(report, rec, _arm(rec), chooser_before, d_ms)
 
 
 def _max_rows(rec: RoundRecord, arm: Arm) -> int:
@@ -339,7 +529,7 @@ def _check(rec: RoundRecord, priced: list[dict], dec: RoundDecision) -> None:
 def expected_accepted(rec: RoundRecord) -> float | None:
     """S of the verified tree under the round's q (Eq. 1), for a round whose width the chooser set
     from S (an adaptive arm past cold start); None for any other round (Figure 10's rule)."""
-    if not rec.candidates or rec.prices is None or rec.measure is not None or not parse_arm(rec.arm).adaptive:
+    if not rec.candidates or rec.prices is None or rec.measure is not None or not _arm(rec).adaptive:
         return None
     cands = rec.candidates
     big_q = tree.products([c["parent"] for c in cands], [c["q"] for c in cands])
