@@ -11,20 +11,29 @@ next round, its learning kept. SIGINT/SIGTERM: running replies end after their c
 with finish_reason "interrupted", waiting ones get 503, the store is saved, and the process exits
 128 + the signal's number.
 
+A failure is the request's own: whatever raises while one request is admitted, stepped, closed or
+logged ends that request with a 500 (an error event in its stream) and the thread goes on with
+the others and the queue (decode/batch.py: a failure of a step's shared verify ends every request
+it held). If the thread itself cannot go on, it answers every request it holds 500 and every
+waiting or new one 503, ``/health`` says ``failed`` (503), and the server stops: the process
+exits 1 instead of hanging.
+
 What one client may take is bounded (``Limits``): a request body is refused with 413 past
 ``--max-body-mb``, read incrementally, never whole before it is measured; a connection must send
-its request's headers within ``--header-timeout`` of opening (or of its previous response); past
-``--max-connections`` open connections a new one is answered 503 and closed at once. uvicorn has
-neither of the last two (its keep-alive timer starts only after a response; its
-``limit_concurrency`` acts only once a request's headers are in), so ``_Protocol`` adds them, and
-a lingering close for a connection closed while its client is still sending a body
-(``_LingeringClose``).
+its request's headers within ``--header-timeout`` of opening (or of its previous response); at
+``--max-connections`` open connections a new one takes the place of the one that has waited
+longest without a request in progress (idle, or its headers incomplete), and only when every
+open one has a request in progress is it answered 503 and closed at once. uvicorn has neither of
+the last two (its keep-alive timer starts only after a response; its ``limit_concurrency`` acts
+only once a request's headers are in), so ``_Protocol`` adds them, and a lingering close for a
+connection closed while its client is still sending a body (``_LingeringClose``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import queue
 import signal
 import socket
@@ -43,6 +52,12 @@ from sse_starlette.sse import AppStatus, EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+try:
+    import fcntl
+    import termios
+except ImportError:  # not a Unix: a request not yet read is not told from none (_unread)
+    fcntl = termios = None
+
 from adaspark_core.base.errors import InputError
 from adaspark_core.decode.runtime import Runtime
 from adaspark_core.serve import openai_api as api
@@ -54,6 +69,9 @@ KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this (uvicorn'
 MAX_HEADERS = 16 * 1024  # a request line and headers past this get 400 (h11's default, said here as a limit)
 BACKLOG = 128  # connections the kernel holds until accepted; also the most asyncio accepts at once
 FULL_WARNING_S = 60  # at most one warning a minute about connections refused at the cap
+# The order in which connections began to wait for a request's headers: the oldest is shed first
+# at the cap. A count, not the loop's clock: connections accepted in one loop iteration tie on it.
+_IDLE_ORDER = itertools.count()
 # After a refused body's reply, the rest of the body is read and dropped for at most this long and
 # this much (nginx lingers up to 30 s; by either bound the reply has long reached the client)
 LINGER_S = 2.0
@@ -104,23 +122,36 @@ class Decoder:
         self.pending = 0  # jobs queued or running
         self.served = 0
         self.stopping = False
+        self.running: dict[str, Job] = {}  # the jobs in the thread's hands, by name (decoding thread only)
+        self.failure: str | None = None  # why the thread stopped, once it has failed
         work = self._work if self.parallel == 1 else self._work_together
-        self.thread = threading.Thread(target=work, name="adaspark-decoder", daemon=True)
+        self.thread = threading.Thread(target=self._run, args=(work,), name="adaspark-decoder", daemon=True)
         self.thread.start()
 
     def submit(self, job: Job) -> None:
         with self.lock:
+            if self.failure is not None:
+                raise self._failed()
             if self.stopping:
                 raise api.APIError(503, "the server is shutting down", "server_error", code="shutting_down")
             if self.pending >= self.parallel + self.queue_size:
                 raise api.APIError(503, f"the server is busy: {self.parallel} decoding and {self.queue_size} waiting; "
                                         "retry later", "server_error", code="queue_full")
             self.pending += 1
-        self.jobs.put(job)
+            # Queued under the lock: a thread that fails meanwhile finds the job and answers it.
+            self.jobs.put(job)
 
     @property
     def queued(self) -> int:
         return max(0, self.pending - self.parallel)
+
+    def health(self) -> tuple[int, dict]:
+        """``/health`` but the model: (status code, body), 503 once the thread has failed."""
+        body = {"status": "failed" if self.failure is not None else "shutting_down" if self.stopping else "ok",
+                "busy": self.pending > 0, "queued": self.queued, "served": self.served}
+        if self.failure is not None:
+            body["error"] = self.failure
+        return (503 if self.failure is not None else 200), body
 
     def stop(self) -> None:
         """Shutdown: the running reply ends after its round, waiting ones are refused."""
@@ -128,39 +159,59 @@ class Decoder:
             self.stopping = True
 
     def close(self) -> None:
-        """After the HTTP server stopped: end the thread, save the learned state, free the model."""
+        """After the HTTP server stopped: end the thread, save the learned state, free the model.
+        A thread that failed saves nothing more: its learners may have stopped inside a round, and
+        the store keeps what the last reply saved."""
         self.stop()
         self.jobs.put(None)
         self.thread.join()
         try:
-            keep(self.rt, 0, 0, self.warn)
+            if self.failure is None:
+                keep(self.rt, 0, 0, self.warn)
         finally:
             self.rt.close()
 
+    def _run(self, work) -> None:
+        """The thread: ``work`` answers each request's failure itself; what escapes it means the
+        thread cannot go on, and every request is answered so that none waits for ever."""
+        try:
+            work()
+        except BaseException as e:
+            traceback.print_exc()
+            with self.lock:
+                self.failure = f"the decoding thread failed ({type(e).__name__}: {e})"
+            print(f"adaspark: error: {self.failure}; the server stops", file=sys.stderr, flush=True)
+            for job in list(self.running.values()):
+                self._reply(job, api.APIError(500, f"internal error: {self.failure}", "server_error"))
+            while True:
+                try:
+                    job = self.jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    self._reply(job, self._failed())
+
+    def _failed(self) -> api.APIError:
+        return api.APIError(503, f"{self.failure}; the server is stopping", "server_error", code="decoder_failed")
+
     def _work(self) -> None:
         while (job := self.jobs.get()) is not None:
+            self.running[job.name] = job
             try:
                 if self.stopping:
-                    job.emit("error", api.APIError(503, "the server is shutting down", "server_error",
-                                                   code="shutting_down"))
-                elif not job.cancelled:
-                    job.emit("done", self._decode(job))
-                    self.served += 1
+                    raise api.APIError(503, "the server is shutting down", "server_error", code="shutting_down")
+                outcome = None if job.cancelled else self._decode(job)
             except api.APIError as e:
-                job.emit("error", e)
-            except Exception as e:  # a bug: answer 500 and keep serving; the trace goes to stderr
-                traceback.print_exc()
-                job.emit("error", api.APIError(500, f"internal error: {type(e).__name__}: {e}", "server_error"))
-            finally:
-                with self.lock:
-                    self.pending -= 1
+                outcome = e
+            except Exception as e:  # the request fails, serving goes on
+                outcome = _internal(e)
+            self._reply(job, outcome)
 
     def _work_together(self) -> None:
         """Up to ``parallel`` requests decoded together (BatchServer): between steps, waiting jobs
-        take the free slots (blocking only while nothing decodes); after each step, every reply
-        that ended is answered and its slot freed."""
+        take the free slots (blocking only while nothing decodes); after each step, every request
+        that ended or failed is answered and its slot is free."""
         server = BatchServer(self.rt, self.warn)
-        jobs: dict[str, Job] = {}
         closing = False
         while not closing or server.active:
             while not closing and not server.full:
@@ -170,50 +221,45 @@ class Decoder:
                     break
                 if job is None:
                     closing = True
-                elif self._admit(server, job):
-                    jobs[job.name] = job
-            if not server.active:
-                continue
-            try:
-                ended = server.step()
-            except Exception as e:  # a bug: every running request gets 500, and serving goes on
-                traceback.print_exc()
-                error = api.APIError(500, f"internal error: {type(e).__name__}: {e}", "server_error")
-                ended = []
-                for job in jobs.values():
-                    job.emit("error", error)
-                    self._done()
-                jobs.clear()
-                server.close()
-            for name, reply in ended:
-                jobs.pop(name).emit("done", reply)
-                self.served += 1
-                self._done()
+                else:
+                    self._admit(server, job)
+            if server.active:
+                for name, outcome in server.step():
+                    answer = outcome if isinstance(outcome, Reply) else _internal(outcome)
+                    if name in self.running:  # else a clean-up's failure after its answer: stderr only
+                        self._reply(self.running[name], answer)
 
-    def _admit(self, server: BatchServer, job: Job) -> bool:
-        """Start ``job`` in a free slot; False (the job answered) if it is not to be decoded."""
+    def _admit(self, server: BatchServer, job: Job) -> None:
+        """Start ``job`` in a free slot, or answer it if it is not to be decoded."""
+        self.running[job.name] = job
         try:
             if self.stopping:
                 raise api.APIError(503, "the server is shutting down", "server_error", code="shutting_down")
             if job.cancelled:
-                self._done()
-                return False
+                self._reply(job, None)
+                return
             prompt, max_tokens = self._prompt(job)
             req = job.req
             server.admit(prompt, max_tokens, job.name, stops=req.stops, sampling=req.sampling,
                          on_text=(lambda text: job.emit("text", text)) if req.stream else None,
                          cancelled=lambda: job.cancelled or self.stopping)
-            return True
         except InputError as e:
-            job.emit("error", api.APIError(400, str(e)))
+            self._reply(job, api.APIError(400, str(e)))
         except api.APIError as e:
-            job.emit("error", e)
-        self._done()
-        return False
+            self._reply(job, e)
+        except Exception as e:
+            self._reply(job, _internal(e))
 
-    def _done(self) -> None:
+    def _reply(self, job: Job, outcome: Reply | api.APIError | None) -> None:
+        """``job`` leaves the thread's hands, answered with ``outcome`` (None: its client left).
+        Counted before it is answered, so /health is right by the time its client reads it."""
+        self.running.pop(job.name, None)  # a queued one was never in it
         with self.lock:
             self.pending -= 1
+            if isinstance(outcome, Reply):
+                self.served += 1
+        if outcome is not None:
+            job.emit("done" if isinstance(outcome, Reply) else "error", outcome)
 
     def _prompt(self, job: Job) -> tuple[list[int], int]:
         """The request's prompt tokens and token budget, or the APIError that refuses it."""
@@ -243,8 +289,15 @@ class Decoder:
                 cancelled=lambda: job.cancelled or self.stopping, on_warning=self.warn)
         except InputError as e:
             raise api.APIError(400, str(e)) from None
-        except LogWriteError as e:
-            raise api.APIError(500, f"{e}; the reply was cut short", "server_error") from None
+
+
+def _internal(e: Exception) -> api.APIError:
+    """The 500 of a request that failed on ``e``: a round log that could not be written (a full
+    disk) is said as such; anything else is a bug, its traceback on stderr."""
+    if isinstance(e, LogWriteError):
+        return api.APIError(500, f"{e}; the reply was cut short", "server_error")
+    traceback.print_exception(type(e), e, e.__traceback__)
+    return api.APIError(500, f"internal error: {type(e).__name__}: {e}", "server_error")
 
 
 def _json(obj, status: int = 200) -> Response:
@@ -297,8 +350,8 @@ def make_app(decoder: Decoder, model_id: str, default_temperature: float, max_bo
 
     @app.get("/health")
     async def health() -> Response:
-        return _json({"status": "shutting_down" if decoder.stopping else "ok", "model": model_id,
-                      "busy": decoder.pending > 0, "queued": decoder.queued, "served": decoder.served})
+        status, body = decoder.health()
+        return _json({**body, "model": model_id}, status)
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -381,12 +434,27 @@ def make_app(decoder: Decoder, model_id: str, default_temperature: float, max_bo
 class _Server(uvicorn.Server):
     """uvicorn, with shutdown that lets the running reply end after its round. uvicorn's own
     handler would re-raise the signal after serving (killing the process before the store is
-    saved); this one only records it."""
+    saved); this one only records it. It also stops once the decoding thread has failed: a
+    server that can answer nothing but 503 is better restarted than kept."""
 
     def __init__(self, config: uvicorn.Config, decoder: Decoder):
         super().__init__(config)
         self.decoder = decoder
         self.signal: int | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """1 if the decoding thread failed, else 128 + the signal that stopped it (0: none)."""
+        if self.decoder.failure is not None:
+            return 1
+        return 128 + self.signal if self.signal is not None else 0
+
+    async def on_tick(self, counter: int) -> bool:
+        # uvicorn's main loop asks this every 0.1 s whether to stop; the decoding thread knows
+        # nothing of the server it serves.
+        if self.decoder.failure is not None:
+            self.should_exit = True
+        return await super().on_tick(counter)
 
     def handle_exit(self, sig: int, frame) -> None:
         if self.signal is not None and sig == signal.SIGINT:
@@ -406,10 +474,17 @@ class _Protocol(H11Protocol):
     this deadline: it is bounded by --max-body-mb, and a request in progress counts against the
     cap below.
 
-    A cap on open connections, checked as each is accepted: past it the new one gets a 503 and is
-    closed at once, before anything of it is read, so descriptors stay bounded and asyncio's
-    accept never meets "Too many open files" (uvicorn's ``limit_concurrency`` answers 503 only
-    once a request's headers are in, so connections that never finish them are not refused).
+    A cap on open connections, checked as each is accepted. At the cap, the open connection that
+    has waited longest without a request in progress (h11's IDLE: nothing sent since it opened or
+    since its last response, or headers not yet complete) is closed quietly to make room, as an
+    idle keep-alive connection past its timeout is: a loop of idle sockets cannot keep a client
+    with a request out, and costs each of its sockets its place as soon as another comes. Only
+    when every open connection has a request in progress (or is being answered, or has sent bytes
+    the loop has not read yet: a whole request may be in them) is the new one answered 503 and
+    closed at once, before anything of it is read. Either way descriptors stay
+    bounded and asyncio's accept never meets "Too many open files" (uvicorn's
+    ``limit_concurrency`` answers 503 only once a request's headers are in, so connections that
+    never finish them are not refused).
 
     Built on H11Protocol's long-standing internals (``connections``, ``conn``, ``transport``,
     ``loop``, ``on_response_complete``); checked on uvicorn 0.55."""
@@ -419,11 +494,12 @@ class _Protocol(H11Protocol):
         self.limits = limits
         self.refused = refused
         self.header_deadline: asyncio.TimerHandle | None = None
+        self.idle_since = 0  # when it last began to wait for a request's headers (``_IDLE_ORDER``)
         self.lingering = False
         self.dropped = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.limits.max_connections:
+        if len(self.connections) >= self.limits.max_connections and not self._shed_one():
             # Not added to ``connections``: it never counts against the cap, nor gets a request.
             self.transport = transport  # for connection_lost
             transport.write(self.refused.reply)
@@ -432,6 +508,21 @@ class _Protocol(H11Protocol):
             return
         super().connection_made(_LingeringClose(transport, self))
         self._await_headers()
+
+    def _shed_one(self) -> bool:
+        """Close the connection that has waited longest for a request's headers, to make room for
+        a new one; False if every open connection has a request in progress. A request the loop
+        has not read yet is in progress too: its client sent it (it may have come in the same
+        loop iteration as the new connection), and cutting it would lose it unanswered."""
+        idle = sorted((c for c in self.connections if c.conn.their_state is h11.IDLE and not c.transport.is_closing()),
+                      key=lambda c: c.idle_since)
+        oldest = next((c for c in idle if not _unread(c.transport)), None)
+        if oldest is None:
+            return False
+        oldest.transport.close()
+        # Out of the count at once: its socket closes when the loop next runs (connection_lost).
+        self.connections.discard(oldest)
+        return True
 
     def data_received(self, data: bytes) -> None:
         if self.lingering:  # the rest of a body the reply refused: read and dropped
@@ -454,6 +545,7 @@ class _Protocol(H11Protocol):
     def _await_headers(self) -> None:
         if self.header_deadline is not None:
             self.header_deadline.cancel()
+        self.idle_since = next(_IDLE_ORDER)
         self.header_deadline = self.loop.call_later(self.limits.header_timeout, self._headers_late)
 
     def _headers_late(self) -> None:
@@ -462,6 +554,18 @@ class _Protocol(H11Protocol):
         self.header_deadline = None
         if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
             self.transport.close()  # quietly, as uvicorn's keep-alive timeout does
+
+
+def _unread(transport: asyncio.Transport) -> int:
+    """Bytes a connection's client sent that the loop has not read yet (FIONREAD; 0 where the
+    system has no such call)."""
+    if fcntl is None:
+        return 0
+    try:
+        n = fcntl.ioctl(transport.get_extra_info("socket").fileno(), termios.FIONREAD, bytes(4))
+    except (OSError, ValueError):  # closed meanwhile
+        return 0
+    return int.from_bytes(n, sys.byteorder)
 
 
 class _LingeringClose:
@@ -496,13 +600,14 @@ class _LingeringClose:
 
 
 class _Refused:
-    """The reply to a connection past the cap, and the warning about them: at the first, then at
-    most once a minute with how many were refused meanwhile (a flood must not flood stderr)."""
+    """The reply to a connection refused at the cap (every open one has a request in progress), and
+    the warning about them: at the first, then at most once a minute with how many were refused
+    meanwhile (a flood must not flood stderr)."""
 
     def __init__(self, max_connections: int, warn):
         self.warn = warn
-        err = api.APIError(503, f"the server has {max_connections} connections open, its --max-connections; "
-                                "retry later", "server_error", code="too_many_connections")
+        err = api.APIError(503, f"the server has {max_connections} connections open, its --max-connections, each "
+                                "with a request in progress; retry later", "server_error", code="too_many_connections")
         body = orjson.dumps(err.body())
         self.reply = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
                       b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
@@ -513,8 +618,8 @@ class _Refused:
         self.n += 1
         now = time.monotonic()
         if self.warned is None:
-            self.warn(f"refusing connections: {open_now} are open, the --max-connections cap (those that send "
-                      "no request are closed after --header-timeout); refusals are counted here once a minute")
+            self.warn(f"refusing connections: {open_now} are open, the --max-connections cap, each with a request "
+                      "in progress; refusals are counted here once a minute")
         elif now - self.warned >= FULL_WARNING_S:
             self.warn(f"{self.n} connections refused in {now - self.warned:.0f} s at the --max-connections cap")
         else:
@@ -559,13 +664,11 @@ def _allow_open_files(max_connections: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
-def run(rt: Runtime, sock: socket.socket, queue_size: int, default_temperature: float, limits: Limits,
-        warn) -> int:
-    """Serve on ``sock`` until a signal; returns the exit code (128 + the signal's number).
-    The runtime is closed (its learning saved) on the way out."""
+def make_server(rt: Runtime, queue_size: int, default_temperature: float, limits: Limits, warn) -> _Server:
+    """The server ``run`` runs, its decoding thread started (``server.decoder``): the app on uvicorn
+    with our protocol."""
     decoder = Decoder(rt, queue_size, warn)
-    model_id = rt.model.path.name
-    app = make_app(decoder, model_id, default_temperature, limits.max_body)
+    app = make_app(decoder, rt.model.path.name, default_temperature, limits.max_body)
     # uvicorn's limit_concurrency is left unset: it counts the same connections as our cap, so
     # at the cap it would answer 503 (in plain text) to the clients already admitted; requests
     # past what can wait for the decoder get the queue's OpenAI-shaped 503 instead.
@@ -574,10 +677,18 @@ def run(rt: Runtime, sock: socket.socket, queue_size: int, default_temperature: 
                             h11_max_incomplete_event_size=MAX_HEADERS,
                             http=functools.partial(_Protocol, limits=limits,
                                                    refused=_Refused(limits.max_connections, warn)))
-    server = _Server(config, decoder)
+    return _Server(config, decoder)
+
+
+def run(rt: Runtime, sock: socket.socket, queue_size: int, default_temperature: float, limits: Limits,
+        warn) -> int:
+    """Serve on ``sock`` until a signal (or the decoding thread's failure); returns the exit code
+    (``_Server.exit_code``). The runtime is closed (its learning saved) on the way out."""
+    server = make_server(rt, queue_size, default_temperature, limits, warn)
+    decoder = server.decoder
     host, port = sock.getsockname()[:2]
     together = "one decode at a time" if decoder.parallel == 1 else f"{decoder.parallel} requests decoded together"
-    print(f"adaspark serve: listening on {url(host, port)} ({model_id}, arm {rt.arm.name}"
+    print(f"adaspark serve: listening on {url(host, port)} ({rt.model.path.name}, arm {rt.arm.name}"
           f"{', store ' + str(rt.store.path) if rt.store else ''}; {together}, {queue_size} may wait; "
           f"at most {limits.max_connections} connections, bodies up to {_mb(limits.max_body)})",
           file=sys.stderr, flush=True)
@@ -585,4 +696,4 @@ def run(rt: Runtime, sock: socket.socket, queue_size: int, default_temperature: 
         server.run(sockets=[sock])
     finally:
         decoder.close()
-    return 128 + server.signal if server.signal is not None else 0
+    return server.exit_code

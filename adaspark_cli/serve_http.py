@@ -46,8 +46,9 @@ def serve(
                                       help="Largest request body, in MB; a larger one gets 413 before it is read "
                                            "(a full 8192-token context is well under 1 MB of JSON)."),
     max_connections: int = typer.Option(64, "--max-connections", min=1,
-                                        help="Open connections at most; past it a new one gets 503 and is closed "
-                                             "at once (idle and slow ones too, so the descriptors stay bounded)."),
+                                        help="Open connections at most; at it a new one takes the place of the "
+                                             "one idle longest (no request in progress, or its headers unfinished), "
+                                             "and gets 503 at once only if every one has a request in progress."),
     header_timeout: float = typer.Option(10.0, "--header-timeout", min=0.01,
                                          help="Seconds a connection has to send a request's headers, from its "
                                               "opening or its previous reply; then it is closed (slow clients "

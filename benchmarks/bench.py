@@ -6,6 +6,8 @@
     python -m benchmarks.bench step [--context C]
     python -m benchmarks.bench load [--clients 1,4] [--requests N] [--repeats K]
 
+A bad argument is one line on stderr and exit code 2, as for adaspark's own commands.
+
 ``smoke`` decodes three bundled prompts (one copy-heavy) with ar, chain:4, tree:8 and tree:16,
 the arms interleaved and each pass in the opposite order of the last, and reports decode tok/s
 (median over passes), the ratio to ar, tokens per round and the engine's host time per round.
@@ -50,6 +52,7 @@ def benchmark_sets() -> Path:
     return shared_dir()
 SMOKE_PROMPTS = ["rewrite.txt", "explain.txt", "story.txt"]  # rewrite.txt is the copy-heavy task
 SMOKE_ARMS = ["ar", "chain:4", "tree:8", "tree:16"]
+MAX_CLIENTS = 64  # adaspark serve's --parallel at most
 
 app = typer.Typer(add_completion=False, no_args_is_help=True)
 
@@ -604,12 +607,12 @@ def load(
 
     from adaspark_core.engine.bindings import thread_count
 
+    cs = _client_counts(clients)
     convs = load_sources(["specbench", "speedbench", "wildchat", "toolace", "convfinqa", "longbench"], benchmark_sets())
     prompts = [user_message(c.turns[0])["content"] + "\n\n" if completions else [user_message(c.turns[0])]
                for c in convs][:requests]
     model = model or default_model()
     threads = thread_count(None)
-    cs = [int(c) for c in clients.split(",")]
     runs: list[dict] = []
     for rep in range(repeats):
         for c in cs:
@@ -655,6 +658,18 @@ def load(
     out.write_bytes(orjson.dumps({"requests": requests, "max_tokens": max_tokens, "n_ctx": n_ctx, "model": str(model),
                                   "route": "completions" if completions else "chat", "runs": runs},
                                  option=orjson.OPT_INDENT_2))
+
+
+def _client_counts(value: str) -> list[int]:
+    """``--clients``: the comma-separated client counts, each also a server's slots."""
+    try:
+        counts = [int(c) for c in value.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or not all(1 <= c <= MAX_CLIENTS for c in counts):
+        raise typer.BadParameter(f"{value!r}: give comma-separated counts from 1 to {MAX_CLIENTS}, e.g. 1,4",
+                                 param_hint="--clients")
+    return counts
 
 
 @app.command()
@@ -746,5 +761,23 @@ def memory(
           f"mean {statistics.mean(times['memory']) - statistics.mean(times['none']):.4f} ms")
 
 
+def main() -> None:
+    """Usage errors (a bad option value, an unknown option) as one line on stderr and exit code
+    2, not Typer's box, as adaspark_cli/main.py has them for adaspark's own commands."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.TyperException as e:  # Click's usage errors
+        if type(e).__name__ == "NoArgsIsHelpError":  # the benchmarks alone: their list, as --help
+            e.show()
+        else:
+            ctx = getattr(e, "ctx", None)
+            see = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            sys.stderr.write(f"adaspark: error: {' '.join(e.format_message().split())}{see}\n")
+        sys.exit(getattr(e, "exit_code", 2))
+    except typer.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -10,6 +10,12 @@ decodes in chunks, beside the running requests' rows (``LlamaTarget.start(defer=
 never stalls them for its whole length; the request plans its first round once its slot has no
 prompt left pending.
 
+A request's failure is its own: one whose part of a step raises (logging its previous round on a
+full disk, proposing, finishing its round, closing) leaves the batch (``fail``) and the others go
+on; where the step's shared part raises (deciding a group's widths together, the verify), every
+request that part held fails. Either way the failed request's uncommitted rows are taken off its
+slot and it is closed as far as it can be, and it waits in ``failed`` for the caller to answer.
+
 Exactness holds per request: a row's sequence ids are its own slot's, so it sees only its own
 request's committed cells and its own ancestors, and each reply is the one its request decodes
 alone, up to the kernels' near ties (paper 3.5).
@@ -74,14 +80,21 @@ class Batch:
         # its first round while its prompt goes in).
         self._began: list[list] = []
         self.id = secrets.token_hex(4)  # tells this batch's steps from another run's in one log
+        # Requests that left on a failure, with what raised, until the caller takes them
+        # (``take_failed``); a request whose clean-up also raised is in it once more.
+        self.failed: list[tuple[Generation, Exception]] = []
 
     def settle(self) -> None:
         """Every active request's previous round learns and is logged (each step begins so).
         Call it before making a joining request's Generation: a first sampled request copies its
         regime from the learners as they are then (Learners.regime), and replay copies it once
-        the previous step's rounds have all been learned."""
-        for gen in self.active:
-            gen.settle()
+        the previous step's rounds have all been learned. A request whose round cannot be learned
+        or logged fails alone (``fail``)."""
+        for gen in list(self.active):
+            try:
+                gen.settle()
+            except Exception as e:
+                self.fail(gen, e)
 
     def add(self, gen: Generation) -> None:
         """``gen`` joins at the next step (its target a free slot of the engine): its prompt goes in
@@ -102,59 +115,117 @@ class Batch:
 
     def drop(self, gen: Generation, finish: str | None = None) -> None:
         """``gen`` leaves before its reply ended (its client went, a stop string cut it): its
-        last round is marked with ``finish`` (Generation.end) and it is closed."""
+        last round is marked with ``finish`` (Generation.end) and it is closed. What closing
+        raises (the last round's log write) is raised, ``gen`` out of the batch all the same."""
         if finish is not None:
             gen.end(finish)
         self.active.remove(gen)
         gen.close()
 
+    def fail(self, gen: Generation, error: Exception, layout: Layout | None = None) -> None:
+        """``gen`` leaves on ``error`` and waits in ``failed``. ``layout``: the rows of a verify it
+        may not have committed, taken off its slot, so that the slot's next request, which keeps
+        the committed prefix (``reuse_prefix``), finds no stray tree cells past it. It is closed
+        as far as it can be (Generation.close takes each record once: a round it already learned
+        from is not learned again). A clean-up that raises is one more entry in ``failed``, never
+        an exception: one request's failure must not keep the others from going on."""
+        if gen in self.active:
+            self.active.remove(gen)
+        self.failed.append((gen, error))
+        undo = [gen.close] if layout is None else [lambda: gen.target.discard(layout), gen.close]
+        for part in undo:
+            try:
+                part()
+            except Exception as e:
+                self.failed.append((gen, e))
+
+    def take_failed(self) -> list[tuple[Generation, Exception]]:
+        """The requests that failed since the last call, each with what raised."""
+        out, self.failed = self.failed, []
+        return out
+
     def step(self) -> list[tuple[Generation, list[int]]]:
         """One round of every active request whose prompt is in, verified together, with the next
         chunks of the others' prompts in the same decode: (request, tokens it emitted), in the
-        requests' order. A request whose reply ended is closed and leaves."""
+        requests' order. A request whose reply ended is closed and leaves; one that failed is in
+        ``failed`` instead (whose failure is whose: the module's docstring)."""
         if not self.active:
             return []
         self.settle()  # every previous round learns before any request decides
-        active = [g for g in self.active if not g.target.pending]
-        filling = [g.target for g in self.active if g.target.pending]
-        if not active:
-            self.verify([], filling)
-            return []
-        clock = active[0].clock
-        t0 = clock()
-        plans = [gen.propose(gen.stats.rounds, gen.target.room()) for gen in active]
-        groups = {}  # greedy and sampled requests learn apart (Learners.regime)
-        for i, gen in enumerate(active):
-            groups.setdefault(id(gen.learners), []).append(i)
-        decisions: list[RoundDecision | None] = [None] * len(active)
+        ready = [g for g in self.active if not g.target.pending]
+        filling = [g for g in self.active if g.target.pending]
+        t0 = ready[0].clock() if ready else 0.0
+        plans: dict[Generation, RoundPlan] = {}  # in the requests' order
+        for gen in ready:
+            try:
+                plans[gen] = gen.propose(gen.stats.rounds, gen.target.room())
+            except Exception as e:
+                self.fail(gen, e)
         # Every row attends every cell in use: the verifying requests' contexts and the prompts
         # already in for the slots still filling.
-        cells = sum(plan.context for plan in plans) + sum(t.n_past for t in filling)
-        for idx in groups.values():
-            gens = [active[i] for i in idx]
-            for i, dec in zip(idx, decide_step([plans[i] for i in idx], [g.arm for g in gens], gens[0].learners,
-                                               cells, lambda k: gens[k].use_learners())):
-                decisions[i] = dec
-        plans = [gen.decided(plan, dec) for gen, plan, dec in zip(active, plans, decisions)]
-        draft_ms = (clock() - t0) * 1e3
-        waiting = sum(len(t.pending) for t in filling)
-        verified = self.verify([(gen.target, plan.layout) for gen, plan in zip(active, plans)], filling)
-        prefill = waiting - sum(len(t.pending) for t in filling)
-        out = [(gen, gen.finish_round(plan, ver)) for gen, plan, ver in zip(active, plans, verified)]
-        step = {"batch": self.id, "id": self.steps, "requests": len(active), "rows": sum(p.layout.width for p in plans),
-                "cells": cells, "draft": draft_ms, "last": any(gen.finish is not None for gen in active)}
+        cells = sum(plan.context for plan in plans.values()) + sum(g.target.n_past for g in filling)
+        groups: dict[int, list[Generation]] = {}  # greedy and sampled requests learn apart (Learners.regime)
+        for gen in plans:
+            groups.setdefault(id(gen.learners), []).append(gen)
+        for gens in groups.values():
+            try:
+                decisions = decide_step([plans[g] for g in gens], [g.arm for g in gens], gens[0].learners, cells,
+                                        lambda k: gens[k].use_learners())
+            except Exception as e:  # the group's widths were chosen together: none of them stands
+                for gen in gens:
+                    self.fail(gen, e)
+                continue
+            for gen, dec in zip(gens, decisions):
+                try:
+                    plans[gen] = gen.decided(plans[gen], dec)
+                except Exception as e:
+                    self.fail(gen, e)
+        active = [g for g in plans if g in self.active]
+        if not active and not filling:
+            return []
+        draft_ms = (active[0].clock() - t0) * 1e3 if active else 0.0
+        waiting = sum(len(g.target.pending) for g in filling)
+        try:
+            verified = self.verify([(gen.target, plans[gen].layout) for gen in active], [g.target for g in filling])
+        except Exception as e:  # one decode held them all: no request's part of it can be told apart
+            for gen in active:
+                self.fail(gen, e, plans[gen].layout)
+            for gen in filling:
+                self.fail(gen, e)
+            return []
+        if not active:
+            return []
+        prefill = waiting - sum(len(g.target.pending) for g in filling)
+        out = []
+        for i, (gen, ver) in enumerate(zip(active, verified)):
+            try:
+                out.append((i, gen, gen.finish_round(plans[gen], ver)))
+            except Exception as e:
+                self.fail(gen, e, plans[gen].layout)
+        step = {"batch": self.id, "id": self.steps, "requests": len(active),
+                "rows": sum(plans[g].layout.width for g in active), "cells": cells, "draft": draft_ms,
+                "last": any(gen.finish is not None for _, gen, _ in out)}
         if prefill:
             step["prefill"] = prefill  # prompt tokens that rode in this step's decode
         step["began"], self._began = self._began, []
-        for i, (gen, plan) in enumerate(zip(active, plans)):
-            gen.last_record.step = {**step, "index": i, "lead": i == 0, "max_rows": plan.max_rows}
+        for i, gen, _ in out:  # ``index``: the place in the step's verify, a request that failed there counted
+            gen.last_record.step = {**step, "index": i, "lead": i == 0, "max_rows": plans[gen].max_rows}
         self.steps += 1
-        for gen in [g for g in active if g.finish is not None]:
-            self.active.remove(gen)
-            gen.close()
-        return out
+        for _, gen, _ in out:
+            if gen.finish is not None:
+                self.active.remove(gen)
+                try:
+                    gen.close()
+                except Exception as e:  # its last round was not logged: the reply is not whole
+                    self.fail(gen, e)
+        failed = {gen for gen, _ in self.failed}
+        return [(gen, emitted) for _, gen, emitted in out if gen not in failed]
 
     def close(self) -> None:
-        """Every request still active ends, interrupted."""
+        """Every request still active ends, interrupted; one whose close raises is in ``failed``,
+        and the others close all the same."""
         for gen in list(self.active):
-            self.drop(gen)
+            try:
+                self.drop(gen)
+            except Exception as e:
+                self.fail(gen, e)

@@ -23,7 +23,7 @@ import orjson
 from adaspark_core.base import sampling
 from adaspark_core.base.sampling import Sampling
 from adaspark_core.serve.service import INTERRUPTED, Reply
-from adaspark_core.serve.stdin_api import normalize_messages, stop_strings
+from adaspark_core.serve.stdin_api import normalize_messages, reply_cap, stop_strings
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 EXTENSION = "adaspark"  # the response field with AdaSpark's own statistics
@@ -67,13 +67,14 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _integer(body: dict, name: str, lo: int, default: int | None) -> int | None:
+def _reply_cap(body: dict, name: str, default: int | None) -> int | None:
     v = body.get(name)
     if v is None:
         return default
-    if not _is_int(v) or v < lo:
-        raise bad(name, f"{name} must be an integer of at least {lo}")
-    return v
+    try:
+        return reply_cap(name, v)
+    except ValueError as e:
+        raise bad(name, str(e)) from None
 
 
 def _neutral(body: dict, name: str, allowed: tuple, why: str) -> None:
@@ -128,8 +129,8 @@ def parse(raw: bytes, chat: bool, default_temperature: float = 0.0) -> Completio
         except ValueError as e:
             raise bad("messages", str(e)) from None
         prompt = None
-        max_tokens = _integer(body, "max_completion_tokens", 1, None)
-        max_tokens = _integer(body, "max_tokens", 1, max_tokens)
+        max_tokens = _reply_cap(body, "max_completion_tokens", None)
+        max_tokens = _reply_cap(body, "max_tokens", max_tokens)
     else:
         _neutral(body, "logprobs", (0,), "no log probabilities")
         _neutral(body, "echo", (False,), "the reply alone is returned")
@@ -137,7 +138,7 @@ def parse(raw: bytes, chat: bool, default_temperature: float = 0.0) -> Completio
         _neutral(body, "best_of", (1,), "one candidate per request")
         messages = None
         prompt = _prompt(body.get("prompt"))
-        max_tokens = _integer(body, "max_tokens", 1, COMPLETION_DEFAULT_MAX_TOKENS)
+        max_tokens = _reply_cap(body, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise bad("stream", "stream must be true or false")

@@ -146,7 +146,11 @@ class BatchServer:
     """Requests served together on a Runtime's slots (``EngineOptions(parallel=N)``): ``admit``
     puts a request in a free slot, ``step`` advances every admitted one a round in one verify
     (decode/batch.py) and returns the replies that ended, their learning saved. Stop strings,
-    cancellation and the text of each reply as ``serve_request`` has them."""
+    cancellation and the text of each reply as ``serve_request`` has them.
+
+    A request that fails (decode/batch.py says whose failure is whose; here also its close, or
+    saving after it) ends with its exception instead of a Reply, its slot free again and its
+    learning saved as far as it got; the others go on."""
 
     def __init__(self, rt: Runtime, on_warning: Callable[[str], None] | None = None):
         self.rt = rt
@@ -167,7 +171,8 @@ class BatchServer:
               sampling: Sampling | None = None, on_text: Callable[[str], None] | None = None,
               cancelled: Callable[[], bool] | None = None) -> None:
         """Start a request in a free slot (its prompt goes in with the next steps); InputError if
-        it cannot be served, the slot given back."""
+        it cannot be served, the slot given back. A running request whose round cannot be logged
+        meanwhile (Batch.settle) fails, answered by the next ``step``."""
         self.batch.settle()  # before the request's learners are chosen (Batch.settle)
         slot = self.free.pop()
         try:
@@ -178,37 +183,58 @@ class BatchServer:
             raise
         self.served[gen] = _Served(gen, name, len(prompt), StopStrings(stops), on_text, cancelled)
 
-    def step(self) -> list[tuple[str, Reply]]:
-        """One round of every request, verified together: the (name, Reply) of those that ended."""
-        done = []
+    def step(self) -> list[tuple[str, Reply | Exception]]:
+        """One round of every request, verified together: (name, Reply) of each that ended and
+        (name, what raised) of each that failed. A request may be named once more, after it was
+        answered, with a failure of its clean-up or of saving what it learned."""
+        done = self._failed()  # since the last step: while another request was admitted
         for s in [s for s in self.served.values() if s.gen.target.pending and s.cancelled is not None and s.cancelled()]:
-            self.batch.drop(s.gen, INTERRUPTED)  # its client left while its prompt was going in
-            done.append((s.name, self._end(s)))
+            done += self._leave(s, INTERRUPTED)  # its client left while its prompt was going in
         for gen, emitted in self.batch.step():
             s = self.served[gen]
             s.out(s.utf8.decode(b"".join(map(self.rt.model.piece, emitted))))
-            if gen.finish is None:
-                finish = STOP if s.scan.hit else INTERRUPTED if s.cancelled is not None and s.cancelled() else None
-                if finish is None:
-                    continue
-                self.batch.drop(gen, finish)
-            done.append((s.name, self._end(s)))
-        return done
+            if gen.finish is not None:
+                done += self._leave(s)
+            elif finish := STOP if s.scan.hit else INTERRUPTED if s.cancelled is not None and s.cancelled() else None:
+                done += self._leave(s, finish)
+        return done + self._failed()
 
-    def close(self) -> None:
-        """Every request still decoding ends, interrupted (its learning saved)."""
-        for s in list(self.served.values()):
-            self.batch.drop(s.gen, INTERRUPTED)
-            self._end(s)
+    def _failed(self) -> list[tuple[str, Exception]]:
+        """The requests the batch failed, their slots given back."""
+        out = []
+        for gen, error in self.batch.take_failed():
+            out.append((gen.request_id, error))  # the name it was admitted with
+            if (s := self.served.get(gen)) is not None:
+                out += self._release(s)
+        return out
 
-    def _end(self, s: _Served) -> Reply:
-        del self.served[s.gen]
+    def _leave(self, s: _Served, finish: str | None = None) -> list[tuple[str, Reply | Exception]]:
+        """``s`` ends (``finish``: its reply is cut there, the request dropped from the batch
+        first): its name with its Reply, or with what raised instead (its close); then its slot
+        is given back (``_release``)."""
+        try:
+            if finish is not None:
+                self.batch.drop(s.gen, finish)
+            s.out(s.utf8.decode(b"", final=True))
+            rest = s.scan.flush()
+            if rest and s.on_text is not None:
+                s.on_text(rest)
+            ended = (s.name, Reply(s.scan.text, s.gen.finish, s.prompt_tokens, s.gen.target.reused, s.gen.stats,
+                                   self.rt.arm.name, s.gen.sampling, s.gen.seed))
+        except Exception as e:
+            ended = (s.name, e)
+        return [ended, *self._release(s)]
+
+    def _release(self, s: _Served) -> list[tuple[str, Exception]]:
+        """``s`` gives its slot back, and what the learners took from its rounds is saved (a store
+        that cannot be written is a warning: ``keep``); anything else saving raised is returned.
+        Once only."""
+        if self.served.pop(s.gen, None) is None:
+            return []
         self.free.append(s.gen.target)
-        s.out(s.utf8.decode(b"", final=True))
-        rest = s.scan.flush()
-        if rest and s.on_text is not None:
-            s.on_text(rest)
-        if s.gen.stats.rounds:
-            keep(self.rt, s.gen.stats.rounds, 1, self.on_warning, between_replies=True)
-        return Reply(s.scan.text, s.gen.finish, s.prompt_tokens, s.gen.target.reused, s.gen.stats, self.rt.arm.name,
-                     s.gen.sampling, s.gen.seed)
+        try:
+            if s.gen.stats.rounds:
+                keep(self.rt, s.gen.stats.rounds, 1, self.on_warning, between_replies=True)
+        except Exception as e:
+            return [(s.name, e)]
+        return []

@@ -26,6 +26,9 @@ FIELDS = ("id", "prompt", "messages", "max_tokens", "stream", "stop", *sampling.
 ROLES = ("system", "user", "assistant", "tool")
 ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
 MAX_ID_CHARS = 200
+# The most a request may ask for as its reply's cap: the context ends every reply long before,
+# and past 2^31 the number is not a count (llama.cpp's n_predict is a 32-bit integer).
+MAX_TOKENS = (1 << 31) - 1
 
 
 class RequestError(ValueError):
@@ -82,9 +85,10 @@ def parse_request(line: bytes | str, default_max_tokens: int, number: int) -> Re
             messages = normalize_messages(messages)
         except ValueError as e:
             raise RequestError(str(e), rid) from None
-    max_tokens = obj.get("max_tokens", default_max_tokens)
-    if not _is_int(max_tokens) or max_tokens < 1:
-        raise RequestError("max_tokens must be a positive integer", rid)
+    try:
+        max_tokens = reply_cap("max_tokens", obj.get("max_tokens", default_max_tokens))
+    except ValueError as e:
+        raise RequestError(str(e), rid) from None
     stream = obj.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError("stream must be true or false", rid)
@@ -94,6 +98,20 @@ def parse_request(line: bytes | str, default_max_tokens: int, number: int) -> Re
     except ValueError as e:
         raise RequestError(str(e), rid) from None
     return Request(rid, prompt, messages, max_tokens, stream, stops, how)
+
+
+def reply_cap(name: str, v) -> int:
+    """``v``, the field ``name``, as a reply's cap in tokens; ValueError saying which bound it
+    breaks. (A JSON integer past 64 bits reaches here as a float: it is too large, not "not an
+    integer".)"""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if v > MAX_TOKENS:
+            raise ValueError(f"{name} must be at most {MAX_TOKENS}")
+        if v < 1:
+            raise ValueError(f"{name} must be at least 1")
+    if not _is_int(v):
+        raise ValueError(f"{name} must be an integer from 1 to {MAX_TOKENS}")
+    return v
 
 
 MAX_STOPS = 16

@@ -10,6 +10,7 @@ from adaspark_core.base.sampling import Sampling
 from adaspark_core.decode.scheduler import Stats
 from adaspark_core.serve import openai_api as api
 from adaspark_core.serve.service import Reply, StopStrings
+from adaspark_core.serve.stdin_api import RequestError, parse_request
 
 
 def parse(chat=True, **body):
@@ -63,9 +64,16 @@ def test_a_completion_request_takes_text_or_token_ids():
     (True, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages", "content must be text"),
     (True, {"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages", "tool_calls"),
-    (True, {"messages": USER, "max_tokens": 0}, "max_tokens", "integer of at least 1"),
-    (True, {"messages": USER, "max_tokens": "5"}, "max_tokens", "integer"),
-    (True, {"messages": USER, "max_tokens": True}, "max_tokens", "integer"),
+    (True, {"messages": USER, "max_tokens": 0}, "max_tokens", "must be at least 1"),
+    (True, {"messages": USER, "max_tokens": "5"}, "max_tokens", "integer from 1 to"),
+    (True, {"messages": USER, "max_tokens": True}, "max_tokens", "integer from 1 to"),
+    (True, {"messages": USER, "max_tokens": 2.5}, "max_tokens", "integer from 1 to"),
+    # too large is said so: past 2^31, and past 64 bits, where JSON's integer arrives as a float
+    (True, {"messages": USER, "max_tokens": 2 ** 31}, "max_tokens", "must be at most 2147483647"),
+    (True, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": %d}' % 2 ** 70, "max_tokens",
+     "must be at most 2147483647"),
+    (True, {"messages": USER, "max_completion_tokens": 2 ** 40}, "max_completion_tokens", "must be at most"),
+    (False, {"prompt": "x", "max_tokens": -3}, "max_tokens", "must be at least 1"),
     (True, {"messages": USER, "temperature": 3}, "temperature", "from 0 to 2"),
     (True, {"messages": USER, "temperature": "hot"}, "temperature", "number"),
     (True, {"messages": USER, "top_p": 1.5}, "top_p", "from 0 to 1"),
@@ -138,3 +146,10 @@ def test_a_stop_string_cuts_the_reply_even_across_pieces_and_is_never_shown():
     assert feed_all([], ["a", "b"])[0] == ["a", "b"]
     out, rest, hit, text = feed_all(["b", "abc"], ["zab"])
     assert text == "za" and hit  # the earliest stop string wins
+
+
+def test_serve_stdin_says_which_bound_a_reply_cap_breaks():
+    with pytest.raises(RequestError, match="max_tokens must be at most 2147483647"):
+        parse_request(b'{"prompt": "a", "max_tokens": %d}' % 2 ** 70, 64, 1)
+    with pytest.raises(RequestError, match="max_tokens must be at least 1"):
+        parse_request(b'{"prompt": "a", "max_tokens": -1}', 64, 1)
