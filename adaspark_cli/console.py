@@ -7,6 +7,7 @@ code 2, a write that fails (a full disk) exit code 1."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from contextlib import contextmanager
 from typing import Optional
@@ -42,6 +43,40 @@ def reported():
     except KeyboardInterrupt:
         typer.echo("", err=True)
         raise typer.Exit(130)
+
+
+class Interrupted(Exception):
+    """A signal arrived while the command was idle (Signals)."""
+
+
+class Signals:
+    """SIGINT and SIGTERM as a clean stop. While ``busy`` a signal is only noted (``got``), so a
+    round and a store write are never cut in half: the work ends at its next round boundary,
+    its last round marked interrupted, and saves what its log holds. While idle, Interrupted is
+    raised (a blocked read must end). ``force``: a second SIGINT while busy stops at once
+    (KeyboardInterrupt), the store keeping its last save, for a user who will not wait."""
+
+    def __init__(self, force: bool = False):
+        self.got: int | None = None
+        self.busy = False
+        self.force = force
+
+    def __call__(self, signum, frame):
+        if self.force and self.busy and self.got is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.got = signum
+        if not self.busy:
+            raise Interrupted
+
+    def install(self) -> "Signals":
+        signal.signal(signal.SIGINT, self)
+        signal.signal(signal.SIGTERM, self)
+        return self
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number, as a shell reports a process a signal ended; 0 if none came."""
+        return 128 + self.got if self.got is not None else 0
 
 
 def quiet_stdout() -> None:

@@ -11,7 +11,7 @@ import typer
 from adaspark_cli import console
 from adaspark_cli.console import reported
 from adaspark_core.decode.runtime import EngineOptions, Runtime
-from adaspark_core.decode.scheduler import Speculation
+from adaspark_core.decode.scheduler import INTERRUPTED, Generation, Speculation
 
 
 def decode(
@@ -52,26 +52,49 @@ def decode(
             prompt = rt.chat(([{"role": "system", "content": system}] if system else [])
                              + [{"role": "user", "content": text}])
         gen = rt.generation(prompt, max_tokens, request_id=Path(prompt_file).name, sampling=how)
+        # Ctrl-C or SIGTERM ends the reply at a round boundary, as ``serve`` does: its last round
+        # logged as interrupted and the store saved equal to a replay of the log. (Raised
+        # mid-round, KeyboardInterrupt left a round learned and never logged.)
+        signals = console.Signals(force=True).install()
+        signals.busy = True
         try:
-            text_out = rt.run(gen, on_text=None if as_json else _write)
-        finally:
-            rt.save(rounds=gen.stats.rounds, requests=1)
+            text_out = rt.run(gen, on_text=None if as_json else _write,
+                              stop=lambda: INTERRUPTED if signals.got is not None else None)
+        except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, the store keeps its last save
+            raise
+        except BaseException:  # a failed log write: what was learned is kept
+            _save(rt, gen)
+            raise
+        _save(rt, gen)
         st = gen.stats
         if as_json:
             console.write_json({"text": text_out, "model": str(rt.model.path), "arm": rt.arm.name,
                                 "prompt_tokens": len(prompt), "finish": gen.finish, **st.to_json(),
                                 **({"sampling": how.describe(), "seed": gen.seed} if how else {})})
-            return
-        _write("\n")
-        tps = f"{st.decode_tps:.1f} tok/s" if st.decode_tps else "n/a (one delta)"
-        typer.echo(
-            f"[{rt.arm.name}{f', sampled: {how.describe()}, seed {gen.seed}' if how else ''}] "
-            f"{st.generated} tokens in {st.rounds} rounds "
-            f"({st.tokens_per_round:.2f} tokens/round), decode {tps}, finish {gen.finish}\n"
-            f"  widths (rows: rounds)      {console.histogram(st.widths)}\n"
-            f"  accepted (drafts: rounds)  {console.histogram(st.accepted)}",
-            err=True,
-        )
+        else:
+            _write("\n")
+            _summary(rt, gen, how)
+    if signals.got is not None:
+        raise typer.Exit(signals.exit_code)
+
+
+def _summary(rt: Runtime, gen: Generation, how) -> None:
+    st = gen.stats
+    tps = f"{st.decode_tps:.1f} tok/s" if st.decode_tps else "n/a (one delta)"
+    typer.echo(
+        f"[{rt.arm.name}{f', sampled: {how.describe()}, seed {gen.seed}' if how else ''}] "
+        f"{st.generated} tokens in {st.rounds} rounds "
+        f"({st.tokens_per_round:.2f} tokens/round), decode {tps}, finish {gen.finish}\n"
+        f"  widths (rows: rounds)      {console.histogram(st.widths)}\n"
+        f"  accepted (drafts: rounds)  {console.histogram(st.accepted)}",
+        err=True,
+    )
+
+
+def _save(rt: Runtime, gen: Generation) -> None:
+    """The learned state, counting the request only if it has a round (a request stopped during
+    its prompt left nothing in the log: Generation.close forgot it)."""
+    rt.save(rounds=gen.stats.rounds, requests=1 if gen.stats.rounds else 0)
 
 
 def _write(text: str) -> None:

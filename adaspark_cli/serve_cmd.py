@@ -17,7 +17,6 @@ saves and exits (130 for SIGINT, 143 for SIGTERM).
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -32,28 +31,6 @@ from adaspark_core.decode.scheduler import Speculation
 from adaspark_core.serve.service import keep, serve_request
 from adaspark_core.serve.stdin_api import RequestError, parse_request
 from adaspark_core.store.record import LogWriteError
-
-
-class Shutdown(Exception):
-    """A signal arrived while the server was idle."""
-
-
-class _Signals:
-    """SIGINT and SIGTERM: raise Shutdown when idle (a blocked read must end); when busy, only
-    note the signal, so a round and a store write are never cut in half."""
-
-    def __init__(self):
-        self.got: int | None = None
-        self.busy = False
-
-    def __call__(self, signum, frame):
-        self.got = signum
-        if not self.busy:
-            raise Shutdown
-
-    def install(self) -> None:
-        signal.signal(signal.SIGINT, self)
-        signal.signal(signal.SIGTERM, self)
 
 
 def serve_stdin(
@@ -81,21 +58,17 @@ def serve_stdin(
                                             draft_top_k=draft_top_k, reuse_prefix=reuse_prefix),
                           Speculation.of(arm, memory_mb=memory_mb), store=store, log=log)
     server = Server(rt, max_tokens)
-    signals = _Signals()
-    signals.install()
-    code = 0
+    signals = console.Signals().install()
     try:
         server.run(signals)
-    except Shutdown:
+    except console.Interrupted:
         pass
     except BrokenPipeError:  # the reader went away: save and end quietly
         console.quiet_stdout()
     finally:
         signals.busy = True
         server.close()
-        if signals.got is not None:
-            code = 128 + signals.got
-    raise typer.Exit(code)
+    raise typer.Exit(signals.exit_code)
 
 
 class Server:
@@ -104,7 +77,7 @@ class Server:
         self.max_tokens = max_tokens
         self.served = 0
 
-    def run(self, signals: _Signals) -> None:
+    def run(self, signals: console.Signals) -> None:
         rt = self.rt
         typer.echo(f"adaspark serve-stdin: ready ({rt.model.path.name}, arm {rt.arm.name}"
                    f"{', store ' + str(rt.store.path) if rt.store else ''})", err=True)
@@ -122,7 +95,7 @@ class Server:
             finally:
                 signals.busy = False
             if signals.got is not None:
-                raise Shutdown
+                raise console.Interrupted
 
     def serve(self, req, stop) -> None:
         rt = self.rt

@@ -75,10 +75,11 @@ class Batch:
         self.verify = verify
         self.active: list[Generation] = []
         self.steps = 0
-        # (request id, sampled) of the requests that began since the last step with rounds: their
-        # learners' per-request state starts there in replay too (a request begins steps before
-        # its first round while its prompt goes in).
-        self._began: list[list] = []
+        # The requests that began since the last step with rounds: the step's records name them
+        # (``began``), and their learners' per-request state starts there in replay too (a
+        # request begins steps before its first round while its prompt goes in). One that leaves
+        # before any step names it is forgotten by the learners (Generation.announced).
+        self._began: list[Generation] = []
         self.id = secrets.token_hex(4)  # tells this batch's steps from another run's in one log
         # Requests that left on a failure, with what raised, until the caller takes them
         # (``take_failed``); a request whose clean-up also raised is in it once more.
@@ -111,7 +112,7 @@ class Batch:
         gen.batched = True
         gen.begin(defer_prefill=True)
         self.active.append(gen)
-        self._began.append([gen.request_id, gen.sampling is not None])
+        self._began.append(gen)
 
     def drop(self, gen: Generation, finish: str | None = None) -> None:
         """``gen`` leaves before its reply ended (its client went, a stop string cut it): its
@@ -120,6 +121,7 @@ class Batch:
         if finish is not None:
             gen.end(finish)
         self.active.remove(gen)
+        self._leave(gen)
         gen.close()
 
     def fail(self, gen: Generation, error: Exception, layout: Layout | None = None) -> None:
@@ -131,6 +133,7 @@ class Batch:
         an exception: one request's failure must not keep the others from going on."""
         if gen in self.active:
             self.active.remove(gen)
+        self._leave(gen)
         self.failed.append((gen, error))
         undo = [gen.close] if layout is None else [lambda: gen.target.discard(layout), gen.close]
         for part in undo:
@@ -138,6 +141,10 @@ class Batch:
                 part()
             except Exception as e:
                 self.failed.append((gen, e))
+
+    def _leave(self, gen: Generation) -> None:
+        """``gen`` leaves: if no step's records named it yet, none will (Generation.close forgets it)."""
+        self._began = [g for g in self._began if g is not gen]
 
     def take_failed(self) -> list[tuple[Generation, Exception]]:
         """The requests that failed since the last call, each with what raised."""
@@ -207,7 +214,11 @@ class Batch:
                 "last": any(gen.finish is not None for _, gen, _ in out)}
         if prefill:
             step["prefill"] = prefill  # prompt tokens that rode in this step's decode
-        step["began"], self._began = self._began, []
+        if out:  # the records that name the requests that began (none if every round failed)
+            step["began"] = [[g.request_id, g.sampling is not None] for g in self._began]
+            for g in self._began:
+                g.announced = True
+            self._began = []
         for i, gen, _ in out:  # ``index``: the place in the step's verify, a request that failed there counted
             gen.last_record.step = {**step, "index": i, "lead": i == 0, "max_rows": plans[gen].max_rows}
         self.steps += 1

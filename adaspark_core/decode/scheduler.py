@@ -388,6 +388,10 @@ class Generation:
         self._unsettled: RoundRecord | None = None  # the latest round, until it has learned
         self._closed = False
         self.batched = False  # decoded together with other requests (decode/batch.py sets it)
+        # The round log says the request began: its first record (alone) or a step's ``began``
+        # (batched, decode/batch.py). Replay starts a request there, so one that closes before
+        # is forgotten by the learners (close).
+        self.announced = False
 
     def __iter__(self) -> Iterator[list[int]]:
         """Round by round, each verified alone: propose and decide (``next_plan``), verify, and
@@ -442,6 +446,8 @@ class Generation:
             self._learn_and_log(rec)
         for source in self.proposers:
             source.end(self.tokens)
+        if self.learners is not None and not self.announced:
+            self.learners.forget_request(self.request_id)
 
     def end(self, finish: str = INTERRUPTED) -> None:
         """End the reply with ``finish`` (e.g. "stop" where a stop string cut it, also in a round
@@ -571,6 +577,7 @@ class Generation:
         self._unsettled = rec  # learns at the next round or when the reply ends (__iter__)
 
     def _learn_and_log(self, rec: RoundRecord) -> None:
+        self.announced = True
         if self.arm.learns:
             self.use_learners()
             t0 = self.clock()

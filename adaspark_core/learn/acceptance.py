@@ -232,6 +232,16 @@ class AcceptanceModel:
         self.fit = self._fits[request] = self._new_fit()
         self.requests += 1
 
+    def forget_request(self, request: str) -> None:
+        """``request`` ended before the round log said it began (a signal or a dropped client
+        during its prompt's prefill): it is uncounted and its fit dropped, so the saved state
+        is what a replay of the log gives. It learned nothing: a request learns from rounds."""
+        fit = self._fits.pop(request, None)
+        if fit is not None:
+            if self.fit is fit:
+                self.fit = self._new_fit()
+            self.requests -= 1
+
     def use(self, request: str) -> None:
         """The next estimates and learning are for ``request`` (begun with ``start_request``)."""
         self.fit = self._fits[request]

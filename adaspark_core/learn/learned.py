@@ -62,7 +62,9 @@ class Learners:
         replay reproduces the copy."""
         if not sampled:
             return self
-        if self.sampled is None:
+        # A regime no request began in is an untouched copy (its only requests were forgotten):
+        # it is copied again now, as replay, which never saw it, copies it at this point.
+        if self.sampled is None or self.sampled.acceptance.requests == 0:
             self.sampled = Learners(copy.deepcopy(self.policy), copy.deepcopy(self.acceptance))
         return self.sampled
 
@@ -71,6 +73,10 @@ class Learners:
         and offset); what persists across requests stays. Requests decoded together (not
         ``alone``) each keep their own, selected by ``use``."""
         self.acceptance.start_request(request, alone)
+
+    def forget_request(self, request: str) -> None:
+        """``request`` ended before the round log said it began (AcceptanceModel.forget_request)."""
+        self.acceptance.forget_request(request)
 
     def use(self, request: str) -> None:
         """The next decision and learning step are for ``request`` (of several decoded together)."""
@@ -85,7 +91,7 @@ class Learners:
     def state(self) -> dict:
         """The store sections, by name (each learner versions its own)."""
         st = {WIDTH_SECTION: self.policy.state(), ACCEPTANCE_SECTION: self.acceptance.state()}
-        if self.sampled is not None:
+        if self.sampled is not None and self.sampled.acceptance.requests:  # else an untouched copy (regime)
             st[SAMPLED_SECTION] = self.sampled.state()
         return st
 
@@ -128,5 +134,8 @@ class Learners:
                              f"({type(e).__name__}: {e}); {hint}") from None
 
     def to_store(self, store) -> None:
-        for name, st in self.state().items():
+        state = self.state()
+        for name, st in state.items():
             store.put(name, st)
+        if SAMPLED_SECTION not in state:  # a regime saved while a request that was then forgotten ran
+            store.sections.pop(SAMPLED_SECTION, None)
