@@ -62,7 +62,7 @@ def replay(
         whole = whole_rounds(records)[0] if regret else []
         if rep.skipped and not rep.requests and not whole:
             raise InputError(f"{named}: nothing to replay: {rep.skipped}")
-        if not rep.requests and not regret:
+        if not rep.requests and not regret and against is None:  # (a store beside an empty log must be fresh)
             raise InputError(f"{log}: no rounds of a learning arm (adaspark, pinned:N, cost) to replay")
         if against is not None:
             compare_with_store(learners, against, rep.skipped)

@@ -339,3 +339,17 @@ def test_replay_against_another_store_names_where_they_differ(tmp_path, store_an
     cut = tmp_path / "cut.jsonl"
     cut.write_bytes(b"".join(log.read_bytes().splitlines(keepends=True)[1:]))
     assert_one_error_line(adaspark("replay", cut, "--against", store, "--no-check"), f"{store}: not compared: replay skipped")
+
+
+def test_replay_against_a_store_beside_a_log_with_no_rounds(tmp_path, store_and_log):
+    """A server stopped while its prompts went in logs nothing: its store must be a fresh one."""
+    store, _ = store_and_log
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    fresh = tmp_path / "fresh.json"
+    saved = orjson.loads(store.read_bytes())
+    fresh.write_bytes(orjson.dumps({**saved, "sections": {}}))
+    res = adaspark("replay", empty, "--against", fresh)
+    assert res.returncode == 0 and res.stderr == f"adaspark: {fresh}: its learned sections equal the replay's\n", res.stderr
+    res = adaspark("replay", empty, "--against", store)
+    assert_one_error_line(res, f"{store}: its learned sections differ from the replay")
