@@ -79,6 +79,25 @@ class Signals:
         return 128 + self.got if self.got is not None else 0
 
 
+def run_app(app: typer.Typer, args: list[str] | None = None) -> None:
+    """Run a Typer app as a command and exit with its code. Usage errors (a bad option value, an
+    unknown option) are one line on stderr and exit code 2, as the core's input errors are:
+    Typer's boxes are for ``--help``, not for a pipeline's log. No arguments shows the help."""
+    try:
+        code = app(args=args, standalone_mode=False)
+    except typer.TyperException as e:  # Click's usage errors
+        if type(e).__name__ == "NoArgsIsHelpError":  # the command alone: its help, as --help
+            e.show()
+        else:
+            ctx = getattr(e, "ctx", None)
+            see = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            sys.stderr.write(f"adaspark: error: {' '.join(e.format_message().split())}{see}\n")
+        sys.exit(getattr(e, "exit_code", 2))
+    except typer.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
 def quiet_stdout() -> None:
     """Point stdout at /dev/null after its reader went away, so the interpreter's final flush
     does not fail again."""

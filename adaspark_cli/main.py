@@ -10,6 +10,7 @@ import sys
 
 import typer
 
+from adaspark_cli import console
 from adaspark_cli.compare_cmd import compare, simulate
 from adaspark_cli.decode_cmd import decode
 from adaspark_cli.profile_cmd import profile
@@ -54,19 +55,7 @@ def main(args: list[str] | None = None) -> None:
     if 1 in closed:
         sys.stderr.write("adaspark: error: stdout is closed: give the output somewhere to go (> FILE)\n")
         sys.exit(2)
-    try:
-        code = app(args=args, standalone_mode=False)
-    except typer.TyperException as e:  # Click's usage errors
-        if type(e).__name__ == "NoArgsIsHelpError":  # `adaspark` alone: the help, as --help
-            e.show()
-        else:
-            ctx = getattr(e, "ctx", None)
-            see = f" (see {ctx.command_path} --help)" if ctx is not None else ""
-            sys.stderr.write(f"adaspark: error: {' '.join(e.format_message().split())}{see}\n")
-        sys.exit(getattr(e, "exit_code", 2))
-    except typer.Abort:
-        sys.exit(130)
-    sys.exit(code if isinstance(code, int) else 0)
+    console.run_app(app, args)
 
 
 def _is_open(fd: int) -> bool:

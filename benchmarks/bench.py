@@ -29,6 +29,7 @@ import orjson
 import typer
 from tabulate import tabulate
 
+from adaspark_cli import console
 from adaspark_core.base import tree
 from adaspark_core.base.tree import ANCHOR, NGRAM
 from adaspark_core.candidates.drafters import make_drafter
@@ -761,23 +762,5 @@ def memory(
           f"mean {statistics.mean(times['memory']) - statistics.mean(times['none']):.4f} ms")
 
 
-def main() -> None:
-    """Usage errors (a bad option value, an unknown option) as one line on stderr and exit code
-    2, not Typer's box, as adaspark_cli/main.py has them for adaspark's own commands."""
-    try:
-        code = app(standalone_mode=False)
-    except typer.TyperException as e:  # Click's usage errors
-        if type(e).__name__ == "NoArgsIsHelpError":  # the benchmarks alone: their list, as --help
-            e.show()
-        else:
-            ctx = getattr(e, "ctx", None)
-            see = f" (see {ctx.command_path} --help)" if ctx is not None else ""
-            sys.stderr.write(f"adaspark: error: {' '.join(e.format_message().split())}{see}\n")
-        sys.exit(getattr(e, "exit_code", 2))
-    except typer.Abort:
-        sys.exit(130)
-    sys.exit(code if isinstance(code, int) else 0)
-
-
 if __name__ == "__main__":
-    main()
+    console.run_app(app)  # a bad argument: one line, exit code 2

@@ -5,6 +5,7 @@ import os
 import random
 import subprocess
 import sys
+import zlib
 
 import orjson
 import pytest
@@ -13,6 +14,7 @@ from helpers import adaspark, assert_one_error_line
 
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.files import replace
+from adaspark_core.candidates.memory import CHECKSUM_BYTES
 from adaspark_core.store.record import LogWriteError, RoundLog, RoundRecord, Timing, read_log
 from adaspark_core.store.store import Store, StoreBusy
 
@@ -346,10 +348,6 @@ def _store_with_memory(tmp_path):
 
 def test_27_2_a_token_past_the_vocabulary_in_the_memory_is_refused_and_nothing_is_saved(tmp_path):
     store, mem = _store_with_memory(tmp_path)
-    import zlib
-
-    from adaspark_core.candidates.memory import CHECKSUM_BYTES
-
     raw = bytearray(mem.read_bytes())
     raw[-1 - CHECKSUM_BYTES] = 0x01  # the top byte of the last token (little-endian int32): an id past any vocabulary
     # a checksum that agrees (as a version 1 file has none): the vocabulary check alone refuses it

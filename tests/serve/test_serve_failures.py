@@ -185,15 +185,20 @@ def test_a_request_whose_round_cannot_be_logged_fails_alone(tmp_path, monkeypatc
     assert warnings == [] and "Traceback" not in capsys.readouterr().err  # a full disk is no bug
 
 
-def test_a_request_whose_close_fails_fails_alone(tmp_path, monkeypatch, capsys):
+def close_fails_for(monkeypatch, name: str) -> None:
+    """Request ``name``'s Generation.close raises after it has done its work."""
     close_gen = Generation.close
 
     def failing_close(self):
         close_gen(self)
-        if self.request_id == "b":
-            raise RuntimeError("injected: b's close failed")
+        if self.request_id == name:
+            raise RuntimeError(f"injected: {name}'s close failed")
 
     monkeypatch.setattr(Generation, "close", failing_close)
+
+
+def test_a_request_whose_close_fails_fails_alone(tmp_path, monkeypatch, capsys):
+    close_fails_for(monkeypatch, "b")
     decoder = Decoder(batched(tmp_path), 8, print)
     try:
         first = answers(decoder, {"a": LONG, "b": SHORT, "c": LONG})  # b ends first, the others decoding
@@ -232,14 +237,7 @@ def test_a_request_that_cannot_be_admitted_fails_alone(tmp_path, monkeypatch):
 def test_a_step_whose_verify_fails_ends_every_request_in_it_and_serving_goes_on(tmp_path, monkeypatch):
     # ... while one of them also fails to close: the others are closed all the same, and the
     # thread lives
-    close_gen = Generation.close
-
-    def failing_close(self):
-        close_gen(self)
-        if self.request_id == "a":
-            raise RuntimeError("injected: a's close failed")
-
-    monkeypatch.setattr(Generation, "close", failing_close)
+    close_fails_for(monkeypatch, "a")
     rt = batched(tmp_path, log=tmp_path / "rounds.jsonl")
     rt.engine.fail_at = 4
     decoder = Decoder(rt, 8, print)
