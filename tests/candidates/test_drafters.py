@@ -61,7 +61,11 @@ def test_a_draft_model_decodes_exactly_and_its_cache_follows_the_targets(lm, tar
         assert drafter.n_past == target.n_past and drafter.seq.n_past == target.n_past
         assert drafter.anchor == target.anchor
         picks = [c for c in rec.candidates if c["source"] == PICK]
-        assert 1 <= len(picks) <= 4 and all(0 < c["h"] <= 1 and 0 < c["share"] <= 1 for c in picks)
+        # a round with one token of the budget left drafts nothing: the target's own token fills it
+        # (which round that is depends on the widths the learners chose, so on timing)
+        budget = gen.max_tokens - (rec.context - len(gen.prompt))
+        assert (len(picks) >= 1 if budget > 1 else not picks) and len(picks) <= 4
+        assert all(0 < c["h"] <= 1 and 0 < c["share"] <= 1 for c in picks)
         assert all(0 <= c["share"] <= 1 for c in rec.candidates if c["source"] == SIBLING)
         paths.append(len(rec.path))
 
