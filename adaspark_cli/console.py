@@ -150,7 +150,7 @@ def histogram(counts: dict) -> str:
 
 # --- the options that pick and load the model (decode, serve-stdin, compare) -----------------------
 
-MODEL = typer.Option(None, "--model", "-m", help="GGUF model file (default: SmolLM2-135M-Instruct, Q4_0), or sim:CURVE, a simulated model for tests (engine/simlm.py).")
+MODEL = typer.Option(None, "--model", "-m", help="GGUF model file, or a known model's name (adaspark models; default: smollm2-135m, SmolLM2-135M-Instruct Q4_0), or sim:CURVE, a simulated model for tests (engine/simlm.py).")
 DRAFTER = typer.Option("none", "--drafter", help="none (n-gram candidates only), dspark:FILE (a DSpark block drafter GGUF made for the model) or model:FILE (a draft model with the model's vocabulary).")
 BLOCK = typer.Option(None, "--block", min=1, help="Positions a model drafter proposes per round (B; default: a DSpark file's block size, 4 for a draft model).")
 DRAFT_TOP_K = typer.Option(8, "--draft-top-k", min=1, help="Candidates a model drafter keeps per position (K).")

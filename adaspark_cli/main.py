@@ -13,6 +13,7 @@ import typer
 from adaspark_cli import console
 from adaspark_cli.compare_cmd import compare, simulate
 from adaspark_cli.decode_cmd import decode
+from adaspark_cli.models_cmd import models_app
 from adaspark_cli.profile_cmd import profile
 from adaspark_cli.replay_cmd import replay
 from adaspark_cli.serve_cmd import serve_stdin
@@ -39,6 +40,7 @@ app.command("profile")(profile)
 app.command("compare")(compare)
 app.command("simulate")(simulate)
 app.add_typer(store_app, name="store")
+app.add_typer(models_app, name="models")
 app.command("inspect-store")(inspect_store)
 
 

@@ -28,7 +28,7 @@ from adaspark_core.base.errors import InputError
 from adaspark_core.base.files import read_regular
 from adaspark_core.candidates.memory import GRAM, MAX_CORPUS_BYTES
 from adaspark_core.decode.runtime import open_model
-from adaspark_core.engine.models import default_model_file
+from adaspark_core.engine.models import DEFAULT_MODEL, KNOWN, default_model_file, resolve_model
 from adaspark_core.engine.simlm import is_sim
 from adaspark_core.evaluate.store_report import CONTEXTS, summarize
 from adaspark_core.learn.learned import Learners
@@ -60,6 +60,14 @@ def _existing_file(p: Path, what: str) -> Path:
     return p
 
 
+def _model_file(spec: str, what: str) -> Path:
+    """A GGUF file, or a known model's name (adaspark models): its file in the cache, the default's
+    only once prepared (a store command runs no llama.cpp to requantise it)."""
+    if not os.path.exists(spec) and spec in KNOWN:
+        return _default_model_file() if spec == DEFAULT_MODEL else resolve_model(spec)
+    return _existing_file(Path(spec), what)
+
+
 def _default_model_file() -> Path:
     """The default model file if it was prepared (``models.default_model`` requantises it into the
     cache on first use; a store command does not run llama.cpp to make it)."""
@@ -75,7 +83,7 @@ def _drafter_file(spec: Optional[str]) -> Optional[Path]:
         return None
     kind, _, path = spec.partition(":")
     if kind in ("dspark", "model") and path:
-        return _existing_file(Path(path), "drafter file")
+        return _model_file(path, "drafter file")
     raise InputError(f"unknown drafter {spec!r}: use none, dspark:FILE or model:FILE")
 
 
@@ -88,7 +96,7 @@ def locate(store: Optional[Path], model: Optional[str], drafter: Optional[str],
     if model is not None and is_sim(model):
         model_file = model
     else:
-        model_file = _existing_file(Path(model), "model file") if model is not None else _default_model_file()
+        model_file = _model_file(model, "model file") if model is not None else _default_model_file()
     fp = fingerprint(model_file, drafter_file)
     return (store if store is not None else default_store_path(fp)), fp
 

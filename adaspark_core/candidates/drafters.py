@@ -22,6 +22,7 @@ from adaspark_core.base.tree import ANCHOR, PICK, SIBLING, Candidate, append_pro
 from adaspark_core.engine.bindings import check_gguf
 from adaspark_core.engine.dspark import DSparkContext
 from adaspark_core.engine.llama import LlamaModel, LlamaSequence, LlamaTarget
+from adaspark_core.engine.models import resolve_model
 
 
 def top_k(logits: np.ndarray, k: int) -> tuple[list[int], list[float], float]:
@@ -210,7 +211,7 @@ def make_drafter(spec: str | None, target: LlamaTarget, threads: int | None = No
         return None
     kind, _, path = spec.partition(":")
     if kind == "model" and path:
-        draft = LlamaModel(check_gguf(path))
+        draft = LlamaModel(check_gguf(resolve_model(path)))
         return ModelDrafter(target.model, draft, target.n_ctx, threads, block or MODEL_BLOCK, top_k)
     if kind == "dspark" and path:
         return DSparkDrafter(target, LlamaModel(check_gguf(path)), threads, block, top_k)
