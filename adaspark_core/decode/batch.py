@@ -231,12 +231,3 @@ class Batch:
                     self.fail(gen, e)
         failed = {gen for gen, _ in self.failed}
         return [(gen, emitted) for _, gen, emitted in out if gen not in failed]
-
-    def close(self) -> None:
-        """Every request still active ends, interrupted; one whose close raises is in ``failed``,
-        and the others close all the same."""
-        for gen in list(self.active):
-            try:
-                self.drop(gen)
-            except Exception as e:
-                self.fail(gen, e)

@@ -130,11 +130,10 @@ class RoundRecord:
     def from_json(d) -> "RoundRecord":
         """The record of a parsed log line, upgraded to the current schema and checked
         (``check``); ValueError saying what is wrong with it. ``d`` is left as it is."""
-        if type(d) is not dict:
-            raise ValueError(f"the line is a JSON {type(d).__name__}, not an object")
-        d = dict(d)
-        if type(d.get("times")) is dict:
-            d["times"] = dict(d["times"])
+        if type(d) is dict:  # _record makes its fields the record's: copies of the caller's
+            d = dict(d)
+            if type(d.get("times")) is dict:
+                d["times"] = dict(d["times"])
         return _record(d)
 
 
@@ -150,6 +149,8 @@ def upgrade(d: dict) -> dict:
 
 def _record(d: dict) -> RoundRecord:
     """RoundRecord.from_json of a line the caller owns: ``d`` and its ``times`` become the record's."""
+    if type(d) is not dict:
+        raise ValueError(f"the line is a JSON {type(d).__name__}, not an object")
     written = d.get("schema")
     if written != SCHEMA:
         try:
@@ -630,8 +631,6 @@ def read_log(path: str | os.PathLike, on_cut: Callable[[str], None] | None = Non
                     return
                 raise LogReadError(f"{path}:{lineno}: not a round record ({e})") from None
             try:
-                if type(d) is not dict:
-                    raise ValueError(f"the line is a JSON {type(d).__name__}, not an object")
                 rec = _record(d)
                 steps.add(rec)
             except ValueError as e:

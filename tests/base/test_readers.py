@@ -129,21 +129,15 @@ def test_a_trace_line_that_is_not_an_object_is_named(tmp_path):
 # --- the commands --------------------------------------------------------------------------------
 
 
-def test_simulate_refuses_traces_that_are_not_regular_files(tmp_path):
-    cases = []
-    for kind in KINDS:
-        path, words = bad(kind, tmp_path / f"{kind}.jsonl")
-        cases.append((["simulate", path, "--costs", FIXTURE_LOG], words))
-    refused(cases, "the trace file")
-
-
-def test_simulate_refuses_cost_logs_that_are_not_regular_files(tmp_path):
+@pytest.mark.parametrize("what", ["the trace file", "the round log"])
+def test_simulate_refuses_traces_and_cost_logs_that_are_not_regular_files(tmp_path, what):
     traces = trace_file(tmp_path)
     cases = []
     for kind in KINDS:
         path, words = bad(kind, tmp_path / f"{kind}.jsonl")
-        cases.append((["simulate", traces, "--costs", path], words))
-    refused(cases, "the round log")
+        argv = [path, "--costs", FIXTURE_LOG] if what == "the trace file" else [traces, "--costs", path]
+        cases.append((["simulate", *argv], words))
+    refused(cases, what)
 
 
 def test_compare_refuses_set_and_prompt_files_that_are_not_regular_files(tmp_path):

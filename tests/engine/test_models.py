@@ -5,6 +5,7 @@ downloaded: the Qwen files are for benchmarks only."""
 
 import hashlib
 import zipfile
+from pathlib import Path
 
 import pytest
 from conftest import PROMPTS
@@ -87,4 +88,4 @@ def test_a_known_name_on_the_command_line(tmp_path, monkeypatch):
     # a file that exists wins over a name
     (tmp_path / "qwen2.5-coder-1.5b").write_bytes(b"x")
     monkeypatch.chdir(tmp_path)
-    assert models.resolve_model("qwen2.5-coder-1.5b") == models.Path("qwen2.5-coder-1.5b")
+    assert models.resolve_model("qwen2.5-coder-1.5b") == Path("qwen2.5-coder-1.5b")

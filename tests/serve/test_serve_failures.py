@@ -155,6 +155,22 @@ def assert_serving(decoder: Decoder, served: int) -> None:
     assert decoder.health() == (200, {"status": "ok", "busy": False, "queued": 0, "served": served})
 
 
+def failure_then_more(rt: Runtime, first: dict, later: dict, served: int, warn=print,
+                      between=lambda: None) -> tuple[dict, dict]:
+    """The answers to ``first`` (requests begun in one step, among which the failure comes) and
+    then to ``later``; in between ``between()`` checks what it may, and after them the decoding
+    thread must be serving, idle, with ``served`` replies done. The decoder is closed either way."""
+    decoder = Decoder(rt, 8, warn)
+    try:
+        out = answers(decoder, first)
+        between()
+        out = out, answers(decoder, later)
+        assert_serving(decoder, served=served)
+    finally:
+        close(decoder)
+    return out
+
+
 def test_a_request_whose_round_cannot_be_logged_fails_alone(tmp_path, monkeypatch, capsys):
     learned = []
     learn = Learners.learn
@@ -167,13 +183,8 @@ def test_a_request_whose_round_cannot_be_logged_fails_alone(tmp_path, monkeypatc
     rt = batched(tmp_path)
     rt.log = FlakyLog(tmp_path / "rounds.jsonl", lambda rec: rec.request == "b" and rec.round == 2)
     warnings = []
-    decoder = Decoder(rt, 8, warnings.append)
-    try:
-        first = answers(decoder, {"a": LONG, "b": LONG, "c": LONG})
-        later = answers(decoder, {"d": SHORT, "e": SHORT})
-        assert_serving(decoder, served=4)
-    finally:
-        close(decoder)
+    first, later = failure_then_more(rt, {"a": LONG, "b": LONG, "c": LONG}, {"d": SHORT, "e": SHORT}, 4,
+                                     warnings.append)
     assert_failed(first["b"], "cannot write the round log", "the reply was cut short")
     assert_done(first, "ac")
     assert_done(later, "de")
@@ -199,13 +210,8 @@ def close_fails_for(monkeypatch, name: str) -> None:
 
 def test_a_request_whose_close_fails_fails_alone(tmp_path, monkeypatch, capsys):
     close_fails_for(monkeypatch, "b")
-    decoder = Decoder(batched(tmp_path), 8, print)
-    try:
-        first = answers(decoder, {"a": LONG, "b": SHORT, "c": LONG})  # b ends first, the others decoding
-        later = answers(decoder, {"d": SHORT})
-        assert_serving(decoder, served=3)
-    finally:
-        close(decoder)
+    # b ends first, the others decoding
+    first, later = failure_then_more(batched(tmp_path), {"a": LONG, "b": SHORT, "c": LONG}, {"d": SHORT}, 3)
     assert_failed(first["b"], "internal error: RuntimeError: injected: b's close failed")
     assert_done(first, "ac")
     assert_done(later, "d")
@@ -221,14 +227,9 @@ def test_a_request_that_cannot_be_admitted_fails_alone(tmp_path, monkeypatch):
         return generation(self, prompt, max_tokens, request_id, **kw)
 
     monkeypatch.setattr(Runtime, "generation", failing_generation)
-    decoder = Decoder(batched(tmp_path), 8, print)
-    try:
-        first = answers(decoder, {"a": LONG, "b": LONG, "c": LONG})
-        # b's slot was given back: three more at once take all three slots
-        later = answers(decoder, {"d": SHORT, "e": SHORT, "f": SHORT})
-        assert_serving(decoder, served=5)
-    finally:
-        close(decoder)
+    # b's slot was given back: three more at once take all three slots
+    first, later = failure_then_more(batched(tmp_path), {"a": LONG, "b": LONG, "c": LONG},
+                                     {"d": SHORT, "e": SHORT, "f": SHORT}, 5)
     assert_failed(first["b"], "internal error: RuntimeError: injected: b cannot start")
     assert_done(first, "ac")
     assert_done(later, "def")
@@ -240,15 +241,12 @@ def test_a_step_whose_verify_fails_ends_every_request_in_it_and_serving_goes_on(
     close_fails_for(monkeypatch, "a")
     rt = batched(tmp_path, log=tmp_path / "rounds.jsonl")
     rt.engine.fail_at = 4
-    decoder = Decoder(rt, 8, print)
-    try:
-        first = answers(decoder, {"a": LONG, "b": LONG, "c": LONG})
-        # the rows the failed verify held were taken off every slot: none has a verify pending
+
+    def no_verify_pending():  # the rows the failed verify held were taken off every slot
         assert all(slot._pending is None for slot in rt.engine.slots)
-        later = answers(decoder, {"d": SHORT, "e": SHORT})
-        assert_serving(decoder, served=2)
-    finally:
-        close(decoder)
+
+    first, later = failure_then_more(rt, {"a": LONG, "b": LONG, "c": LONG}, {"d": SHORT, "e": SHORT}, 2,
+                                     between=no_verify_pending)
     for name in "abc":  # each answered with the step's failure, a's own close failure only on stderr
         assert_failed(first[name], "internal error: RuntimeError: injected: the step's decode failed")
     assert_done(later, "de")
