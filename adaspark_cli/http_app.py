@@ -22,7 +22,8 @@ What one client may take is bounded (``Limits``): a request body is refused with
 ``--max-body-mb``, read incrementally, never whole before it is measured; a connection must send
 its request's headers within ``--header-timeout`` of opening (or of its previous response); at
 ``--max-connections`` open connections a new one takes the place of the one that has waited
-longest without a request in progress (idle, or its headers incomplete), and only when every
+longest without a request in progress (idle, or its headers incomplete; one that was never
+answered goes before a kept-alive one that was), and only when every
 open one has a request in progress is it answered 503 and closed at once. uvicorn has neither of
 the last two (its keep-alive timer starts only after a response; its ``limit_concurrency`` acts
 only once a request's headers are in), so ``_Protocol`` adds them, and a lingering close for a
@@ -478,7 +479,10 @@ class _Protocol(H11Protocol):
     has waited longest without a request in progress (h11's IDLE: nothing sent since it opened or
     since its last response, or headers not yet complete) is closed quietly to make room, as an
     idle keep-alive connection past its timeout is: a loop of idle sockets cannot keep a client
-    with a request out, and costs each of its sockets its place as soon as another comes. Only
+    with a request out, and costs each of its sockets its place as soon as another comes. A
+    connection that was never answered goes first: a kept-alive client that has been answered is
+    between two requests for a moment only, and cut in that moment it would lose its next request
+    to a reset (a burst of accepts can pass the whole cap in one loop iteration). Only
     when every open connection has a request in progress (or is being answered, or has sent bytes
     the loop has not read yet: a whole request may be in them) is the new one answered 503 and
     closed at once, before anything of it is read. Either way descriptors stay
@@ -495,6 +499,7 @@ class _Protocol(H11Protocol):
         self.refused = refused
         self.header_deadline: asyncio.TimerHandle | None = None
         self.idle_since = 0  # when it last began to wait for a request's headers (``_IDLE_ORDER``)
+        self.answered = False  # a response of it was complete: a kept-alive client, shed last
         self.lingering = False
         self.dropped = 0
 
@@ -511,11 +516,11 @@ class _Protocol(H11Protocol):
 
     def _shed_one(self) -> bool:
         """Close the connection that has waited longest for a request's headers, to make room for
-        a new one; False if every open connection has a request in progress. A request the loop
+        a new one, one never answered before a kept-alive one; False if every open connection has a request in progress. A request the loop
         has not read yet is in progress too: its client sent it (it may have come in the same
         loop iteration as the new connection), and cutting it would lose it unanswered."""
         idle = sorted((c for c in self.connections if c.conn.their_state is h11.IDLE and not c.transport.is_closing()),
-                      key=lambda c: c.idle_since)
+                      key=lambda c: (c.answered, c.idle_since))
         oldest = next((c for c in idle if not _unread(c.transport)), None)
         if oldest is None:
             return False
@@ -534,6 +539,7 @@ class _Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self.answered = True
         if not self.transport.is_closing():
             self._await_headers()  # the next request's headers, on a kept-alive connection
 

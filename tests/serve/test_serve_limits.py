@@ -251,6 +251,34 @@ def test_at_the_cap_a_new_connection_gets_503_at_once_only_if_every_open_one_has
     assert srv.stderr.count("refusing connections") == 1, srv.stderr  # one warning, not one a connection
 
 
+def test_at_the_cap_a_kept_alive_client_between_two_requests_is_shed_after_every_never_answered_one(tmp_path):
+    # A kept-alive client is idle for a moment between a reply and its next request; a burst of new
+    # connections in that moment used to shed it as the oldest idle one, and its next request met a
+    # reset (CI, stop 44). Here the moment is held open while twice the cap of idle sockets come.
+    srv = Server("--model", SIM, "--store", tmp_path / "store.json", "--max-connections", 4, "--header-timeout", 30)
+    srv.http.close()
+    kept = connect(srv)
+    idle = {}
+    try:
+        kept.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert read_one_reply(kept).startswith(b"HTTP/1.1 200 ")
+        for i in range(8):
+            idle[i] = connect(srv)
+            idle[i].sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-half: ")
+        # the three newest idle sockets and the kept-alive client hold the cap; the rest made room
+        closed = wait_closed(idle, time.monotonic() + 2)
+        assert sorted(closed) == list(range(5)), sorted(closed)
+        assert_shed(closed)
+        kept.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(CHAT), CHAT))
+        status, body = status_and_body(read_one_reply(kept))
+        assert status == 200 and body["usage"]["completion_tokens"] >= 1
+    finally:
+        for s in [kept, *idle.values()]:
+            s.close()
+        assert_clean(srv)
+
+
 def test_400_idle_sockets_at_the_cap_keep_no_request_out_and_one_in_progress_is_not_shed(tmp_path):
     # the default cap (64) and a header deadline long past the test: before issue 39 each idle
     # socket held its place for the deadline, and the real request below got 503
