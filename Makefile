@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.adaspark-installed
 PROMPTS := fixtures/prompts
 
-.PHONY: setup demo test lint test-fast bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ttft bench-ngram bench-drafters bench-memory bench-step bench-load bench-load-gemma fixture-log clean
+.PHONY: setup demo test lint test-fast bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ttft bench-ngram bench-drafters bench-memory bench-step bench-load bench-load-gemma bench-qwen fixture-log clean
 .PHONY: peer
 
 # ggml for this CPU, but never with AMX: some virtual machines advertise AMX yet trap its first
@@ -116,6 +116,15 @@ bench: setup
 PEER_ARMS := ar,chain:3,pinned:4,adaspark,pld:3,llama:ar,llama:ngram-mod:8:16,llama:ngram-simple
 bench-peer: setup peer
 	$(BIN)/adaspark compare --sets $(BENCH_SETS) --arms $(PEER_ARMS) --subset eval --max-tokens 96 --out bench-out-peer --logs bench-out-peer/logs
+
+# Qwen2.5-Coder 1.5B, first turns: our arms vs llama.cpp's n-gram, then (0.5B draft) vs its draft-model speculation.
+QWEN_NGRAM_ARMS := ar,chain:3,adaspark,llama:ar,llama:ngram-mod
+QWEN_DRAFT_ARMS := ar,adaspark,block-chain,llama:ar,llama:draft:2,llama:draft:3,llama:draft:4,llama:draft:8,llama:draft:4:0.75,llama:draft:8:0.75
+bench-qwen: setup peer
+	$(BIN)/adaspark models fetch qwen2.5-coder-1.5b
+	$(BIN)/adaspark models fetch qwen2.5-coder-0.5b
+	$(BIN)/adaspark compare --sets $(BENCH_SETS) --model qwen2.5-coder-1.5b --arms $(QWEN_NGRAM_ARMS) --subset eval --max-turns 1 --max-tokens 96 --out bench-out-qwen --logs bench-out-qwen/logs
+	$(BIN)/adaspark compare --sets $(BENCH_SETS) --model qwen2.5-coder-1.5b --drafter model:qwen2.5-coder-0.5b --arms $(QWEN_DRAFT_ARMS) --subset eval --max-turns 1 --max-tokens 96 --out bench-out-qwen-draft --logs bench-out-qwen-draft/logs
 
 # The same after one untimed pass of the learning arms over the workload: a warm store.
 bench-warm: setup

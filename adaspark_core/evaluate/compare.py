@@ -36,7 +36,7 @@ from adaspark_core.base.sampling import Sampling
 from adaspark_core.candidates.memory import NgramMemory
 from adaspark_core.decode.scheduler import Arm, Generation, parse_arm
 from adaspark_core.evaluate.answer import Answer, trace_point
-from adaspark_core.evaluate.peer import LlamaServerArm
+from adaspark_core.evaluate.peer import LlamaServerArm, draft_model_path
 from adaspark_core.evaluate.testset import Conversation, user_message
 from adaspark_core.evaluate.tracesim import Trace, write_trace
 from adaspark_core.learn.learned import Learners
@@ -166,7 +166,8 @@ def make_arms(specs: list[str], target, drafter, llama_factory: Callable[[], obj
               threads: int | None = None, memory_mb: float = 0.0, sampling: Sampling | None = None) -> list:
     """The arms ``specs`` name, in order; ar is always first (the baseline). A ``llama:`` arm is
     llama.cpp's own llama-server (adaspark_core/evaluate/peer.py), run on ``model_path`` with ``n_ctx`` and
-    ``threads``; call ``close_arms`` when the run ends. ``memory_mb`` > 0: each learning arm with
+    ``threads`` (a ``llama:draft`` arm also on the draft file of ``drafter``, a model drafter);
+    call ``close_arms`` when the run ends. ``memory_mb`` > 0: each learning arm with
     n-gram candidates keeps an n-gram memory of its own replies, of that cap (memory.py).
     ``sampling``: every AdaSpark arm, ar included, samples its replies with it (the same seed, so
     they sample the same text), and llama-server peers with llama.cpp's own sampler at the same
@@ -193,7 +194,7 @@ def make_arms(specs: list[str], target, drafter, llama_factory: Callable[[], obj
             # the reply's text made from its tokens as SchedulerArm makes it, so texts compare alike
             arms.append(LlamaServerArm(spec, model_path, n_ctx, threads, is_eog,
                                        detokenize=lambda toks: b"".join(map(target.piece, toks)).decode("utf-8", "replace"),
-                                       sampling=sampling))
+                                       sampling=sampling, draft_path=draft_model_path(drafter)))
             continue
         m = re.fullmatch(r"pld:(\d+)", spec)
         if m:

@@ -11,7 +11,8 @@ Arm specs (colons, because ``--arms`` is a comma-separated list):
 - ``llama:ar``: plain decoding, no speculation (the server's ``--spec-type none``).
 - ``llama:SPEC``: speculation of the server's ``--spec-type SPEC`` with its default sizes, for the
   draft-model-free types ``ngram-simple``, ``ngram-map-k``, ``ngram-map-k4v``, ``ngram-mod`` and
-  ``ngram-cache``. (The ``draft-*`` types need a draft model and are not offered.)
+  ``ngram-cache``. (Of the ``draft-*`` types only ``draft-simple`` is offered, as ``llama:draft``
+  below; the others need heads made for the model: MTP, EAGLE-3, DFlash, DSpark.)
 - ``llama:SPEC:N:M``: the same with its two size flags (vendored ``common/arg.cpp``):
 
   =================  =================================  =================================
@@ -28,6 +29,21 @@ Arm specs (colons, because ``--arms`` is a comma-separated list):
   finds at least ``--spec-ngram-mod-n-min`` tokens (default 48); with M given, that minimum is
   min(48, M), which is what the default does whenever M is at least 48. ``ngram-cache`` has no
   size flags (it drafts 8 tokens from 1- to 4-grams).
+- ``llama:draft:N`` and ``llama:draft:N:P``: the server's draft-model speculation (``--spec-type
+  draft-simple``) on the draft file of the compare run's ``--drafter model:FILE``, the draft model
+  our own arms then draft with; N is the most draft tokens a round, P the least probability the
+  draft model's greedy pick needs for drafting to go on (server default 0: it drafts N). The flags
+  (vendored ``common/arg.cpp``; its older ``--draft-max``/``--draft-min`` are removed there and
+  refused, ``--draft-p-min`` is an alias of ``--spec-draft-p-min``)::
+
+      --spec-type draft-simple --spec-draft-n-max N --spec-draft-n-min 0 [--spec-draft-p-min P]
+      -md FILE -td T -tbd T -ngld 0
+
+  The type must be named: with ``-md`` alone this server loads the draft model but infers a type
+  from the draft file only for MTP, DFlash and DSpark drafts, so it decodes without speculating.
+  The draft runs on the CPU (``-ngld 0``) with the target's threads; this version has no draft
+  context-size flag: the server sizes the draft context as the target's (``common/speculative.cpp``).
+  A run without a model drafter refuses these arms.
 
 Each arm runs its own server on 127.0.0.1 at a free port with the compare run's model file,
 context size and threads, one slot, no web UI, flash attention off (as our engine: with it on, a
@@ -66,6 +82,7 @@ from __future__ import annotations
 import atexit
 import http.client
 import json
+import math
 import os
 import shutil
 import signal
@@ -87,6 +104,8 @@ ENV_BINARY = "ADASPARK_LLAMA_SERVER"
 DEFAULT_BINARY = Path(__file__).resolve().parents[2] / "build" / "peer" / "bin" / "llama-server"
 HOST = "127.0.0.1"
 
+DRAFT_KIND = "draft"  # llama:draft:N[:P], the server's --spec-type DRAFT_TYPE on the run's draft model
+DRAFT_TYPE = "draft-simple"
 # --spec-type -> its (N, M) size flags, or None for a type without size flags.
 SPEC_TYPES: dict[str, tuple[str, str] | None] = {
     "ngram-simple": ("--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"),
@@ -103,16 +122,30 @@ REPLY_TIMEOUT_S = 900.0  # per socket read: a long reply on a slow machine still
 
 @dataclass(frozen=True, slots=True)
 class PeerSpec:
-    """A parsed ``llama:`` arm: the server's spec type (None: plain decoding) and sizes (N, M)."""
+    """A parsed ``llama:`` arm: the server's spec type (None: plain decoding) and sizes (N, M), or
+    for ``llama:draft`` the most draft tokens and the least probability (N, P; P None: the default)."""
 
     name: str
     spec_type: str | None
     sizes: tuple[int, int] | None = None
+    draft: tuple[int, float | None] | None = None
+
+    @property
+    def needs_draft(self) -> bool:
+        """Whether the server runs a draft model (``draft_args``), which the compare run must name."""
+        return self.spec_type == DRAFT_TYPE
 
     def server_args(self) -> list[str]:
+        """The speculation flags; a draft arm's draft model flags are ``draft_args``."""
         if self.spec_type is None:
             return []
         args = ["--spec-type", self.spec_type]
+        if self.draft is not None:
+            n, p = self.draft
+            args += ["--spec-draft-n-max", str(n), "--spec-draft-n-min", "0"]  # 0 is the default: stated
+            if p is not None:
+                args += ["--spec-draft-p-min", str(p)]
+            return args
         if self.sizes is not None:
             flags = SPEC_TYPES[self.spec_type]
             assert flags is not None
@@ -124,19 +157,23 @@ class PeerSpec:
 
 
 def parse_peer(spec: str) -> PeerSpec:
-    """``llama:ar``, ``llama:SPEC`` or ``llama:SPEC:N:M``; anything else is one InputError line."""
+    """``llama:ar``, ``llama:SPEC``, ``llama:SPEC:N:M`` or ``llama:draft:N[:P]``; anything else is one
+    InputError line."""
     name = spec.strip()
     if not name.startswith(PREFIX):
-        raise InputError(f"arm {name!r} is not a llama-server arm (llama:ar, llama:SPEC or llama:SPEC:N:M)")
+        raise InputError(f"arm {name!r} is not a llama-server arm (llama:ar, llama:SPEC, llama:SPEC:N:M "
+                         f"or llama:draft:N[:P])")
     if "," in name:
         raise InputError(f"arm {name!r}: a llama-server arm's sizes go after colons, {PREFIX}SPEC:N:M")
     parts = name[len(PREFIX):].split(":")
     kind, nums = parts[0], parts[1:]
     if kind == "ar" and not nums:
         return PeerSpec(name, None)
+    if kind == DRAFT_KIND:
+        return _parse_draft(name, nums)
     if kind not in SPEC_TYPES:
-        raise InputError(f"arm {name!r}: unknown llama-server spec type {kind!r}; use ar or one of "
-                         f"{', '.join(SPEC_TYPES)}")
+        raise InputError(f"arm {name!r}: unknown llama-server spec type {kind!r}; use ar, {DRAFT_KIND}:N[:P] "
+                         f"or one of {', '.join(SPEC_TYPES)}")
     if not nums:
         return PeerSpec(name, kind)
     if SPEC_TYPES[kind] is None:
@@ -149,6 +186,42 @@ def parse_peer(spec: str) -> PeerSpec:
     return PeerSpec(name, kind, (n, m))
 
 
+def _parse_draft(name: str, nums: list[str]) -> PeerSpec:
+    """``llama:draft:N[:P]`` after its kind: N a whole number >= 1 (the server has no upper bound),
+    P a number in [0, 1]."""
+    usage = f"{PREFIX}{DRAFT_KIND}:N or {PREFIX}{DRAFT_KIND}:N:P"
+    if len(nums) not in (1, 2) or not nums[0].isdigit():
+        raise InputError(f"arm {name!r}: give the most draft tokens N as a whole number, {usage}")
+    n = int(nums[0])
+    if n < 1:
+        raise InputError(f"arm {name!r}: N, the most draft tokens, must be at least 1")
+    if len(nums) == 1:
+        return PeerSpec(name, DRAFT_TYPE, draft=(n, None))
+    try:
+        p = float(nums[1])
+    except ValueError:
+        p = math.nan
+    if not 0.0 <= p <= 1.0:  # nan fails too
+        raise InputError(f"arm {name!r}: P, the least probability a drafted token needs, must be a number "
+                         f"from 0 to 1, {usage}")
+    return PeerSpec(name, DRAFT_TYPE, draft=(n, p))
+
+
+def draft_model_path(drafter) -> Path | None:
+    """The draft GGUF of the compare run's model drafter (``--drafter model:FILE``), which a
+    ``llama:draft`` arm gives the server; None without a drafter or for another kind (a DSpark
+    drafter is a head on the target's hidden states, not a model llama-server can draft with)."""
+    if drafter is None or getattr(drafter, "name", None) != "model":
+        return None
+    return Path(drafter.model.path)
+
+
+def draft_args(draft_path, threads: int) -> list[str]:
+    """The draft model's flags: its file, the target's threads (generation and batch) and the CPU
+    (``-ngld 0``). Its context is sized as the target's by the server itself (module doc)."""
+    return ["-md", str(draft_path), "-td", str(threads), "-tbd", str(threads), "-ngld", "0"]
+
+
 def server_binary(path: str | os.PathLike | None = None) -> Path:
     """The llama-server binary: ``path``, else $ADASPARK_LLAMA_SERVER, else what ``make peer`` builds."""
     p = Path(path or os.environ.get(ENV_BINARY) or DEFAULT_BINARY)
@@ -157,13 +230,17 @@ def server_binary(path: str | os.PathLike | None = None) -> Path:
     return p
 
 
-def server_command(binary: Path, spec: PeerSpec, model_path, n_ctx: int, threads: int, port: int) -> list[str]:
-    """The server's command line for one arm."""
+def server_command(binary: Path, spec: PeerSpec, model_path, n_ctx: int, threads: int, port: int,
+                   draft_path=None) -> list[str]:
+    """The server's command line for one arm; ``draft_path``: the draft model of a ``llama:draft`` arm."""
+    if spec.needs_draft != (draft_path is not None):
+        raise ValueError(f"{spec.name}: a draft model path goes with, and only with, a llama:draft arm")
     return [str(binary), "-m", str(model_path), "-c", str(n_ctx), "-t", str(threads), "-tb", str(threads),
             "-np", "1", "--host", HOST, "--port", str(port), "--no-ui",
-            "-fa", "off",  # as our engine (FLASH_ATTN_NOTE in engine/bindings.py)
+            "-fa", "off",  # as our engine (FLASH_ATTN_NOTE in engine/bindings.py); the draft's context too
             "--cache-ram", "0", "--no-cache-prompt",  # every reply prefills, as ours do
             "--temp", "0", "--top-k", "1", "--seed", "0",
+            *(draft_args(draft_path, threads) if draft_path is not None else []),
             *spec.server_args()]
 
 
@@ -379,10 +456,15 @@ class LlamaServerArm:
 
     def __init__(self, spec: str, model_path, n_ctx: int, threads: int | None, is_eog: Callable[[int], bool],
                  detokenize: Callable[[list[int]], str] | None = None, binary: str | os.PathLike | None = None,
-                 sampling: Sampling | None = None):
+                 sampling: Sampling | None = None, draft_path=None):
         self.spec = parse_peer(spec)
         self.sampling = sampling  # every reply sampled with these settings (request_body)
         self.name = self.spec.name
+        if self.spec.needs_draft and draft_path is None:
+            raise InputError(f"arm {self.name} runs llama.cpp's draft-model speculation on the compare run's "
+                             f"draft model: give --drafter model:FILE")
+        # the draft model of a llama:draft arm only: the other arms ignore the run's drafter
+        self.draft_path = draft_path if self.spec.needs_draft else None
         self.binary = server_binary(binary)  # fail before the run, not at this arm's first reply
         self.model_path, self.n_ctx, self.threads = model_path, n_ctx, threads
         self.is_eog, self.detokenize = is_eog, detokenize
@@ -395,7 +477,7 @@ class LlamaServerArm:
             from adaspark_core.engine.bindings import default_threads
 
             threads = default_threads()
-        return server_command(self.binary, self.spec, self.model_path, self.n_ctx, threads, port)
+        return server_command(self.binary, self.spec, self.model_path, self.n_ctx, threads, port, self.draft_path)
 
     def _server(self) -> LlamaServer:
         if self.server is None or not self.server.alive():

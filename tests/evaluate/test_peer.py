@@ -1,12 +1,14 @@
 """llama.cpp's own llama-server as a compare arm (adaspark_core/evaluate/peer.py): spec parsing, the command
 line, the stream reader and its client-clock timing on canned streams, the process handling with a
-stand-in server script, and (with the binary `make peer` builds) a real reply against our ar."""
+stand-in server script, and (with the binary `make peer` builds) a real reply against our ar, also
+under the server's draft-model speculation."""
 
 import json
 import stat
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -41,12 +43,28 @@ def test_good_specs():
     assert peer.parse_peer("llama:ngram-cache").sizes is None
     for kind in ("ngram-map-k", "ngram-map-k4v"):
         assert peer.parse_peer(f"llama:{kind}:3:12").sizes == (3, 12)
+    assert peer.parse_peer("llama:draft:4") == peer.PeerSpec("llama:draft:4", "draft-simple", draft=(4, None))
+    assert peer.parse_peer("llama:draft:8:0.75").draft == (8, 0.75)
+    assert peer.parse_peer("llama:draft:1:0").draft == (1, 0.0) and peer.parse_peer("llama:draft:2:1").draft == (2, 1.0)
+    assert peer.parse_peer("llama:draft:3").needs_draft and not peer.parse_peer("llama:ngram-mod").needs_draft
 
 
 @pytest.mark.parametrize("spec,words", [
     ("llama:", ["unknown llama-server spec type"]),
     ("llama:nope", ["unknown llama-server spec type", "'nope'", "ngram-mod"]),
-    ("llama:draft-simple", ["unknown llama-server spec type"]),  # needs a draft model: not offered
+    ("llama:draft-simple", ["unknown llama-server spec type", "draft:N[:P]"]),  # offered as llama:draft:N
+    ("llama:draft", ["give the most draft tokens N", "llama:draft:N or llama:draft:N:P"]),
+    ("llama:draft:x", ["give the most draft tokens N"]),
+    ("llama:draft:-1", ["give the most draft tokens N"]),
+    ("llama:draft:2.5", ["give the most draft tokens N"]),
+    ("llama:draft:4:0.5:1", ["give the most draft tokens N"]),
+    ("llama:draft:0", ["N, the most draft tokens, must be at least 1"]),
+    ("llama:draft:4:", ["P, the least probability", "from 0 to 1"]),
+    ("llama:draft:4:x", ["P, the least probability", "from 0 to 1"]),
+    ("llama:draft:4:1.5", ["from 0 to 1"]),
+    ("llama:draft:4:-0.1", ["from 0 to 1"]),
+    ("llama:draft:4:nan", ["from 0 to 1"]),
+    ("llama:draft:4:inf", ["from 0 to 1"]),
     ("llama:none", ["unknown"]),
     ("llama:ar:3", ["unknown"]),
     ("llama:ngram-cache:1:2", ["takes no sizes"]),
@@ -79,6 +97,39 @@ def test_the_command_line():
         "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "12"]
     assert peer.parse_peer("llama:ngram-map-k4v").server_args() == ["--spec-type", "ngram-map-k4v"]
     assert peer.parse_peer("llama:ar").server_args() == []  # plain decoding: the server's default
+
+
+def test_a_draft_arms_command_line():
+    """``-md`` alone does not speculate in the vendored server (peer.py's doc): the type is given."""
+    spec = peer.parse_peer("llama:draft:4")
+    assert spec.server_args() == ["--spec-type", "draft-simple", "--spec-draft-n-max", "4", "--spec-draft-n-min", "0"]
+    assert peer.parse_peer("llama:draft:8:0.75").server_args()[-2:] == ["--spec-draft-p-min", "0.75"]
+    assert peer.parse_peer("llama:draft:8:.5").server_args()[-1] == "0.5"
+    cmd = peer.server_command(Path("/x/llama-server"), spec, Path("/m/model.gguf"), 4096, 2, 8123,
+                              Path("/m/draft.gguf"))
+    pairs = {cmd[i]: cmd[i + 1] for i in range(1, len(cmd) - 1) if cmd[i].startswith("-")}
+    assert pairs["-m"] == "/m/model.gguf" and pairs["-c"] == "4096" and pairs["-t"] == "2"
+    assert cmd[-14:] == ["-md", "/m/draft.gguf", "-td", "2", "-tbd", "2", "-ngld", "0",
+                         "--spec-type", "draft-simple", "--spec-draft-n-max", "4", "--spec-draft-n-min", "0"]
+    # a draft path goes with a draft arm only
+    with pytest.raises(ValueError):
+        peer.server_command(Path("/x/llama-server"), spec, Path("/m/model.gguf"), 4096, 2, 8123)
+    with pytest.raises(ValueError):
+        peer.server_command(Path("/x/llama-server"), peer.parse_peer("llama:ar"), "m", 512, 1, 1, Path("d.gguf"))
+
+
+def model_drafter(path):
+    """What make_arms reads of a ``--drafter model:FILE`` drafter (candidates/drafters.ModelDrafter)."""
+    return SimpleNamespace(name="model", model=SimpleNamespace(path=path))
+
+
+def test_the_draft_model_is_the_runs_model_drafters():
+    from adaspark_core.candidates.drafters import DSparkDrafter, ModelDrafter
+
+    assert (ModelDrafter.name, DSparkDrafter.name) == ("model", "dspark")  # what draft_model_path tells apart
+    assert peer.draft_model_path(model_drafter("/m/draft.gguf")) == Path("/m/draft.gguf")
+    assert peer.draft_model_path(None) is None
+    assert peer.draft_model_path(SimpleNamespace(name="dspark", model=SimpleNamespace(path="/m/ds.gguf"))) is None
 
 
 def test_the_request_is_greedy_uncached_and_exact():
@@ -120,6 +171,31 @@ def test_make_arms_builds_peer_arms_lazily(tmp_path, monkeypatch):
     one_line_error(lambda: cmp.make_arms("ar,llama:ngram-mod,8,16".split(","), None, None, None, is_eog,
                                          model_path="m.gguf", n_ctx=512), "after colons", "llama:ngram-mod:8:16")
     one_line_error(lambda: peer.parse_peer("llama:ngram-mod,8,16"), "after colons")
+
+
+def test_draft_arms_need_a_model_drafter(tmp_path, monkeypatch):
+    fake = tmp_path / "llama-server"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv(peer.ENV_BINARY, str(fake))
+    specs = ["ar", "llama:ar", "llama:draft:4", "llama:draft:8:0.75"]
+    arms = cmp.make_arms(specs, None, model_drafter(tmp_path / "draft.gguf"), None, is_eog,
+                         model_path="m.gguf", n_ctx=512, threads=2)
+    try:
+        assert [a.name for a in arms] == specs
+        assert arms[1].draft_path is None  # the other peers ignore the run's drafter
+        assert arms[2].draft_path == arms[3].draft_path == tmp_path / "draft.gguf"
+        cmd = arms[3].command(8123)
+        assert cmd[cmd.index("-md") + 1] == str(tmp_path / "draft.gguf") and cmd[cmd.index("-td") + 1] == "2"
+        assert cmd[-2:] == ["--spec-draft-p-min", "0.75"] and "-md" not in arms[1].command(8123)
+    finally:
+        cmp.close_arms(arms)
+    dspark = SimpleNamespace(name="dspark", model=SimpleNamespace(path=tmp_path / "ds.gguf"))
+    for drafter in (None, dspark):
+        msg = one_line_error(lambda: cmp.make_arms(["ar", "llama:draft:4"], None, drafter, None, is_eog,
+                                                   model_path="m.gguf", n_ctx=512), "--drafter model:FILE")
+        assert msg.startswith("arm llama:draft:4 ")
+    one_line_error(lambda: peer.LlamaServerArm("llama:draft:2", "m.gguf", 512, 1, is_eog), "--drafter model:FILE")
 
 
 # --- the stream ---------------------------------------------------------------------------------------
@@ -353,3 +429,24 @@ def test_llama_server_replies_greedily_as_our_ar(target, lm):
             assert arm.last_timings and arm.last_timings["predicted_n"] >= len(ans.tokens)
     finally:
         cmp.close_arms(arms)
+
+
+@pytest.mark.model
+@pytest.mark.skipif(built_binary() is None, reason="no llama-server: run `make peer`")
+def test_llama_server_drafts_with_the_runs_draft_model(target, lm):
+    """The default model as its own draft (a stand-in for --drafter model:FILE): the server loads it,
+    speculates (draft_n > 0, which ``-md`` without ``--spec-type draft-simple`` would not) and replies
+    greedily as our ar."""
+    from conftest import prompt_tokens
+
+    prompt = prompt_tokens(lm, "rewrite.txt")
+    ours = cmp.SchedulerArm(cmp.parse_arm("ar"), target).answer(prompt, 16, "p/0/0")
+    arms = cmp.make_arms(["llama:draft:4"], target, model_drafter(lm.path), None, lm.is_eog,
+                         model_path=lm.path, n_ctx=target.n_ctx, threads=None)[1:]
+    try:
+        ans = arms[0].answer(prompt, 16, "p/0/0")
+        timings = arms[0].last_timings
+    finally:
+        cmp.close_arms(arms)
+    assert ans.tokens[:8] == ours.tokens[:8] and ans.finish in ("stop", "length")
+    assert timings and timings.get("draft_n", 0) > 0, timings
