@@ -22,10 +22,13 @@ class Proposer(Protocol):
     def begin(self, tokens: list[int]) -> None:
         """A new request whose committed tokens so far are ``tokens`` (the last is the anchor)."""
 
-    def propose(self, cands: list[Candidate], depth_limit: int) -> None:
+    def propose(self, cands: list[Candidate], depth_limit: int, go_on=None) -> None:
         """Add this round's candidates to ``cands`` in place: below the anchor, parents before
         children, none deeper than ``depth_limit``; features (h, share) set, ``q`` left to the
-        acceptance model. ``cands`` holds what the proposers before this one proposed."""
+        acceptance model. ``cands`` holds what the proposers before this one proposed.
+        ``go_on(hs, limit)``: for a proposer that drafts position by position (a draft model),
+        whether to draft one more given its picks' h so far, of at most ``limit`` this round
+        (learn/depth.py); others ignore it."""
 
     def accept(self, committed: list[int], verified: list[Candidate], accepted: list[Candidate]) -> None:
         """The round committed ``committed`` (the last is the new anchor); ``verified`` are the
@@ -35,12 +38,13 @@ class Proposer(Protocol):
         """The request ended; ``reply`` is what it emitted."""
 
 
-def propose_round(proposers: list[Proposer], depth_limit: int) -> list[Candidate]:
-    """One round's candidates, unpriced: every proposer in order (none below a depth limit of 0)."""
+def propose_round(proposers: list[Proposer], depth_limit: int, go_on=None) -> list[Candidate]:
+    """One round's candidates, unpriced: every proposer in order (none below a depth limit of 0),
+    each told the depth rule ``go_on`` (Proposer.propose)."""
     cands: list[Candidate] = []
     if depth_limit > 0:
         for source in proposers:
-            source.propose(cands, depth_limit)
+            source.propose(cands, depth_limit, go_on)
     return cands
 
 
@@ -55,9 +59,9 @@ class PicksOnly:
     def begin(self, tokens: list[int]) -> None:
         self.drafter.begin(tokens)
 
-    def propose(self, cands: list[Candidate], depth_limit: int) -> None:
+    def propose(self, cands: list[Candidate], depth_limit: int, go_on=None) -> None:
         mine: list[Candidate] = []
-        self.drafter.propose(mine, depth_limit)
+        self.drafter.propose(mine, depth_limit, go_on)
         picks = [c for c in mine if c.source == PICK]
         for i, c in enumerate(picks):
             c.parent = i - 1  # ANCHOR for the first

@@ -15,6 +15,8 @@ those of its position's pick.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from adaspark_core.base.errors import InputError
@@ -60,27 +62,38 @@ def block(steps: list[tuple[list[int], list[float]]], confidence=None) -> list[C
 class ModelDrafter:
     """A same-vocabulary draft model on its own context (a Proposer, candidates/base.py).
 
-    Its KV cache holds the committed tokens but the anchor, as the target's does. ``propose``
-    decodes the anchor and then each pick, one token at a time; ``accept`` keeps the cells of the
-    anchor and of the picks the round committed, drops the rest and decodes what is missing."""
+    It reads the prompt when the request begins (beside the target's prefill, as llama.cpp's
+    server does), then follows the committed text lazily: ``accept`` keeps the cells of the
+    anchor and the picks the round committed, drops the rest, and holds what is missing as
+    ``pending``; the next draft's first forward decodes it with the anchor, in one batch. So a
+    round that drafts nothing (a depth of 0, learn/depth.py) costs the draft model nothing, and the
+    stretch it skipped is caught up at the price of a prefill, not of one forward a round.
+
+    ``propose`` drafts position by position, one forward each, while ``go_on`` (the depth
+    learner's, given the picks' h so far) says to, up to the block; each forward's time and the
+    first one's rows are ``last_draft`` (the round record's ``drafting``)."""
 
     name = "model"
+    sequential = True  # one forward a position (Generation asks the depth learner before each)
 
     def __init__(self, target: LlamaModel, draft: LlamaModel, n_ctx: int, threads: int | None = None,
-                 block: int = 4, top_k: int = 8):
+                 block: int = 4, top_k: int = 8, clock=time.perf_counter):
         if block < 1 or top_k < 1:
             raise InputError("--block and --draft-top-k must be at least 1")
         check_same_vocab(target, draft)
         self.model = draft
         self.B, self.K = block, top_k
         self.seq = LlamaSequence(draft, n_ctx, threads)
+        self.clock = clock
         self.anchor: int | None = None
+        self.pending: list[int] = []  # committed tokens (the anchor excluded) not in the cache yet
         self.spec: list[int] = []  # tokens decoded past the committed cells by the last propose
+        self.last_draft: dict | None = None  # the last propose's forwards (ms) and first forward's rows
 
     @property
     def n_past(self) -> int:
-        """Committed cells (the anchor excluded), to compare with the target's."""
-        return self.seq.n_past - len(self.spec)
+        """Committed tokens it holds (the anchor excluded), in cells or pending: the target's."""
+        return self.seq.n_past - len(self.spec) + len(self.pending)
 
     def close(self) -> None:
         self.seq.close()
@@ -88,37 +101,49 @@ class ModelDrafter:
     def begin(self, tokens: list[int]) -> None:
         self.seq.clear()
         self.seq.append(tokens[:-1])
+        self.pending = []
         self.anchor = tokens[-1]
         self.spec = []
 
-    def propose(self, cands: list[Candidate], depth_limit: int) -> None:
-        append_proposal(cands, self.block(depth_limit))
+    def propose(self, cands: list[Candidate], depth_limit: int, go_on=None) -> None:
+        append_proposal(cands, self.block(depth_limit, go_on))
 
-    def block(self, depth_limit: int) -> list[Candidate]:
-        """This round's block: min(B, ``depth_limit``) positions, top-K each, indexed from 0.
-        The scheduler's depth limit keeps the anchor and the picks inside the context."""
+    def block(self, depth_limit: int, go_on=None) -> list[Candidate]:
+        """This round's block: at most min(B, ``depth_limit``) positions, top-K each, indexed
+        from 0, as many as ``go_on(hs, limit)`` allows before each (None: all). The scheduler's depth
+        limit keeps the anchor and the picks inside the context."""
         n = min(self.B, depth_limit)
-        steps = []
-        logits = self.seq.append([self.anchor], logits=True)
-        self.spec = [self.anchor]
-        for i in range(n):
-            toks, probs, _ = top_k(logits, self.K)
+        steps: list[tuple[list[int], list[float]]] = []
+        hs: list[float] = []
+        forwards: list[float] = []
+        rows = 0
+        while len(steps) < n and (go_on is None or go_on(hs, n)):
+            t0 = self.clock()
+            if not steps:  # the anchor, after what the cache has not seen
+                rows = len(self.pending) + 1
+                logits = self.seq.append([*self.pending, self.anchor], logits=True)
+                self.pending = []
+                self.spec = [self.anchor]
+            else:
+                logits = self.seq.append([steps[-1][0][0]], logits=True)
+                self.spec.append(steps[-1][0][0])
+            toks, probs, pick = top_k(logits, self.K)
             steps.append((toks, probs))
-            if i + 1 < n:
-                logits = self.seq.append([toks[0]], logits=True)
-                self.spec.append(toks[0])
+            hs.append(pick)
+            forwards.append((self.clock() - t0) * 1e3)
+        self.last_draft = {"forwards": forwards, "rows": rows, "limit": n}
         return block(steps)
 
     def accept(self, committed: list[int], verified=(), accepted=()) -> None:
         """``committed`` by the round (the last is the new anchor): the old anchor and all but the
-        last join the cache."""
+        last join the committed text; the cells of those the draft decoded are kept."""
         new = [self.anchor, *committed[:-1]]
-        base = self.seq.n_past - len(self.spec)
         keep = 0
         while keep < min(len(new), len(self.spec)) and new[keep] == self.spec[keep]:
             keep += 1
-        self.seq.truncate(base + keep)
-        self.seq.append(new[keep:])
+        if self.spec:
+            self.seq.truncate(self.seq.n_past - len(self.spec) + keep)
+        self.pending += new[keep:]
         self.spec = []
         self.anchor = committed[-1]
 
@@ -168,7 +193,8 @@ class DSparkDrafter:
             self.ctx.inject(pos0, rows)
             self.n_past = pos0 + len(rows)
 
-    def propose(self, cands: list[Candidate], depth_limit: int) -> None:
+    def propose(self, cands: list[Candidate], depth_limit: int, go_on=None) -> None:
+        """The whole block, whatever ``go_on`` says: one forward drafts every position."""
         append_proposal(cands, self.block(depth_limit))
 
     def block(self, depth_limit: int) -> list[Candidate]:

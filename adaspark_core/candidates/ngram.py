@@ -460,7 +460,7 @@ class NgramSource:
         idx.start = len(tokens)
         self.index = idx
 
-    def propose(self, cands: list[Candidate], depth_limit: int) -> None:
+    def propose(self, cands: list[Candidate], depth_limit: int, go_on=None) -> None:
         fill(cands, self.index, min(depth_limit, tree.MAX_CHAIN_DEPTH), self.max_alts, self.memory)
 
     def accept(self, committed: list[int], verified: list[Candidate], accepted: list[Candidate]) -> None:

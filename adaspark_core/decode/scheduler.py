@@ -32,6 +32,7 @@ from adaspark_core.candidates.memory import DEFAULT_CAP_MB, NgramMemory
 from adaspark_core.candidates.ngram import KeptIndexes, NgramSource
 from adaspark_core.engine.base import Target, Verified
 from adaspark_core.learn.acceptance import HEAD
+from adaspark_core.learn.depth import DraftDepth
 from adaspark_core.learn.learned import LearnerParams, Learners
 from adaspark_core.store.record import RoundLog, RoundRecord, Timing
 
@@ -180,6 +181,7 @@ class RoundPlan:
     cand_dicts: list[dict]  # the record's candidates, priced (q set by decide_round)
     p_src: float | None
     max_rows: int  # the most rows this round may verify (the arm, the target, the context)
+    drafting: dict | None = None  # a draft model's forwards (RoundRecord.drafting)
     decision: RoundDecision | None = None
     layout: tree.Layout | None = None  # the rows to verify, depth first
 
@@ -222,6 +224,25 @@ def price_round(cands: list[dict], context: int, p_src: float | None, arm: Arm,
             c["q"] = q
     big_q = tree.products([c["parent"] for c in cands], [c["q"] for c in cands])
     return priced, tree.best_first(big_q), big_q
+
+
+def draft_rule(learners: Learners, context: int, max_rows: int):
+    """An adaptive round's depth rule for a draft model (``go_on(hs, limit)``, learn/depth.py):
+    the depth learner's, at the cost model's prices of the widths within ``max_rows`` and the
+    chooser's score at the round's D and ``context``, time charged at no less than plain
+    decoding's rate (Chooser.charged_rate; here the forwards are in the prices, so plain decoding's
+    rate is given apart). The live round and replay both build it here, before the round decides."""
+    policy = learners.policy
+    cost = policy.cost
+    ladder = DraftDepth.ladder_prices([w for w in cost.widths if w <= max_rows], cost.prices(context),
+                                      lambda w: cost.price_floor(w, context))
+    d_ms = cost.d_now()
+    plain = 1.0 / (d_ms + ladder[1]) if 1 in ladder else 0.0
+
+    def score(prices: dict[int, float], s: list[float]) -> dict[int, float]:
+        return policy.chooser.scores(prices, s, d_ms, context, rho_floor=plain)[0]
+
+    return functools.partial(learners.depth.go_on, context=context, ladder=ladder, score=score)
 
 
 def stop_cut(accepted: list[int], is_eog: Callable[[int], bool], budget: int) -> tuple[int, str | None]:
@@ -376,6 +397,9 @@ class Generation:
         self.ngram = NgramSource(self.spec.alternatives, memory, remember, kept_indexes, target) if arm.uses_ngram else None
         model = PicksOnly(drafter) if drafter is not None and arm.picks_only else drafter
         self.proposers: list[Proposer] = [p for p in (model, self.ngram) if p is not None]
+        # A drafter that drafts position by position (a draft model) logs its forwards, and in an
+        # adaptive arm drafts as deep as the depth learner says (draft_rule).
+        self.sequential = drafter if getattr(drafter, "sequential", False) else None
         # The learners persist across requests: pass the same ones to every request.
         if learners is None and arm.learns:
             learners = Learners.fresh(self.spec.learners)
@@ -487,12 +511,20 @@ class Generation:
         # make b: a deeper row adds nothing whatever it holds), and nothing below an end token.
         budget = self.max_tokens - len(self.tokens)
         depth_limit = min(arm.max_width - 1, room - 1, budget - 1)
-        cands = tree.cut_below_ends(propose_round(self.proposers, depth_limit), self._is_end)
-        p_src = self.ngram.p_src if self.ngram is not None else None
         # Cells: the committed prefix plus the verify's rows must fit the context.
         max_rows = max(1, min(arm.max_width, getattr(target, "max_width", tree.MAX_WIDTH), target.n_ctx - target.n_past))
+        go_on, draft = None, self.sequential
+        if draft is not None:
+            draft.last_draft = None
+            if arm.adaptive and self.learners is not None:
+                go_on = draft_rule(self.learners, target.n_past + 1, max_rows)
+        cands = tree.cut_below_ends(propose_round(self.proposers, depth_limit, go_on), self._is_end)
+        p_src = self.ngram.p_src if self.ngram is not None else None
+        drafting = None
+        if draft is not None:
+            drafting = {**(draft.last_draft or {"forwards": [], "rows": 0, "limit": 0}), "max_rows": max_rows}
         return RoundPlan(rnd, t0, t0, target.anchor, target.n_past + 1, cands, [c.to_dict() for c in cands],
-                         p_src, max_rows)
+                         p_src, max_rows, drafting)
 
     def decided(self, plan: RoundPlan, decision: RoundDecision) -> RoundPlan:
         """``plan`` with its decision and the rows to verify, depth first."""
@@ -572,6 +604,7 @@ class Generation:
             last=finish is not None,
             finish=finish,
             sampling=self._sampling_json,
+            drafting=plan.drafting,
         )
         self.last_record = rec
         self._unsettled = rec  # learns at the next round or when the reply ends (__iter__)

@@ -407,16 +407,21 @@ class SimDrafter:
     Draws depend only on (seed, anchor position, depth), so arms decoding the same text see the
     same proposals at the same position (common random numbers), whatever their depth limit.
     The spine continues below a wrong pick (nothing there can be accepted). ``propose`` advances
-    the clock by ``draft_ms``, the drafter's fixed cost D."""
+    the clock by ``draft_ms``, the drafter's fixed cost D; with ``position_ms`` it is a draft
+    model instead, drafting position by position while ``go_on`` says to (learn/depth.py), each
+    position advancing the clock by ``position_ms`` (its forwards are ``last_draft``)."""
 
     name = "sim"
 
     def __init__(self, text: SimText, clock: VirtualClock, params: DraftParams | None = None,
-                 draft_ms: float = 2.0, seed: int = 0):
+                 draft_ms: float = 2.0, seed: int = 0, position_ms: float | None = None):
         self.text = text
         self.clock = clock
         self.params = params if params is not None else DraftParams()
         self.draft_ms = draft_ms
+        self.position_ms = position_ms
+        self.sequential = position_ms is not None  # drafts position by position (Generation)
+        self.last_draft: dict | None = None
         self.seed = seed
         self.pos = -1  # absolute position of the anchor
 
@@ -429,13 +434,22 @@ class SimDrafter:
     def end(self, reply: list[int]) -> None:
         pass
 
-    def propose(self, cands: list[Candidate], depth_limit: int) -> None:
-        append_proposal(cands, self.block(depth_limit))
+    def propose(self, cands: list[Candidate], depth_limit: int, go_on=None) -> None:
+        append_proposal(cands, self.block(depth_limit, go_on))
 
-    def block(self, depth_limit: int) -> list[Candidate]:
+    def block(self, depth_limit: int, go_on=None) -> list[Candidate]:
         """This round's block, indexed from 0."""
-        self.clock.advance_ms(self.draft_ms)
         p = self.params
+        if self.position_ms is None:
+            self.clock.advance_ms(self.draft_ms)
+        else:  # position by position, as far as go_on allows: the picks' h are their depths' a
+            depth, hs, n = 0, [], min(p.block, depth_limit)
+            while depth < n and (go_on is None or go_on(hs, n)):
+                depth += 1
+                hs.append(p.a(depth))
+                self.clock.advance_ms(self.position_ms)
+            self.last_draft = {"forwards": [self.position_ms] * depth, "rows": 1 if depth else 0, "limit": n}
+            depth_limit = depth
         cands = tree_shape(p, depth_limit)
         per_depth = p.k  # candidates per depth: the pick, then its siblings
         for d0 in range(0, len(cands), per_depth):
@@ -509,14 +523,16 @@ def best_pinned(curve: CostCurve, params: DraftParams, widths, context: int, dra
 
 def make_sim(curve_name: str, seed: int = 0, prompt_len: int = 200, n_ctx: int = 65_536,
              params: DraftParams | None = None, draft_ms: float = 2.0, p_clean: float = 0.7,
-             noise_mean: float = 0.05, eog_at: int | None = None, curve: CostCurve | None = None):
+             noise_mean: float = 0.05, eog_at: int | None = None, curve: CostCurve | None = None,
+             position_ms: float | None = None):
     """(target, drafter, clock, prompt tokens) for ``Generation(target, prompt, arm, max_tokens,
     clock=clock, drafter=drafter)``. SimText never repeats a token, so the n-gram fill finds
     nothing. ``curve`` overrides the preset ``curve_name``. The prompt is truth(0 .. prompt_len-1),
-    so the reply should be truth(prompt_len ...)."""
+    so the reply should be truth(prompt_len ...). ``position_ms``: a draft model's cost a
+    position (SimDrafter), instead of a block drafter's ``draft_ms``."""
     curve = curve if curve is not None else CURVES[curve_name]
     clock = VirtualClock()
     text = SimText(seed, eog_at=eog_at)
     target = SimTarget(curve, text, clock, n_ctx=n_ctx, noise=Interference(p_clean, noise_mean, seed))
-    drafter = SimDrafter(text, clock, params, draft_ms=draft_ms, seed=seed)
+    drafter = SimDrafter(text, clock, params, draft_ms=draft_ms, seed=seed, position_ms=position_ms)
     return target, drafter, clock, text.span(0, prompt_len)

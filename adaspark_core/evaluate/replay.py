@@ -41,10 +41,10 @@ from typing import Iterable, Iterator
 
 from adaspark_core.base import tree
 from adaspark_core.base.errors import InputError
-from adaspark_core.base.tree import NGRAM
+from adaspark_core.base.tree import NGRAM, PICK
 from adaspark_core.candidates.ngram import MEMORY
 from adaspark_core.decode.batch import decide_step
-from adaspark_core.decode.scheduler import Arm, RoundDecision, RoundPlan, decide_round, parse_arm
+from adaspark_core.decode.scheduler import Arm, RoundDecision, RoundPlan, decide_round, draft_rule, parse_arm
 from adaspark_core.learn.acceptance import FITTED
 from adaspark_core.learn.chooser import expected_sums
 from adaspark_core.learn.learned import Learners
@@ -247,6 +247,8 @@ def _replay(records: Iterable[RoundRecord], learners: Learners, report: Report, 
         req.rounds += 1
         chooser_before = copy.copy(regime.policy.chooser)  # choose() rebinds its two fields only
         d_ms = regime.policy.cost.d_now()
+        if check and arm.adaptive:
+            _check_depth(rec, regime)
         # The decision prices copies of the candidates: the record keeps the q the run logged.
         priced = [dict(c) for c in rec.candidates]
         dec = decide_round(priced, rec.context, rec.p_src, arm, _max_rows(rec, arm), regime)
@@ -524,6 +526,25 @@ def _check(rec: RoundRecord, priced: list[dict], dec: RoundDecision) -> None:
     if dec.width != rec.width or dec.measure != rec.measure:
         raise ReplayMismatch(f"{where}: replay chose width {dec.width} (measuring {dec.measure}); the log has "
                              f"{rec.width} (measuring {rec.measure})")
+
+
+def _check_depth(rec: RoundRecord, learners: Learners) -> None:
+    """ReplayMismatch unless the depth learner, asked again before each forward of the round's
+    draft (scheduler.draft_rule, from the picks' h in the record), drafts as deep as the run did:
+    on at every position it drafted, off at the one it stopped before (if the block's limit did
+    not stop it). Where an end token cut the draft's last picks, only the positions before it."""
+    dr = rec.drafting
+    if dr is None or dr["limit"] == 0:
+        return
+    go_on = draft_rule(learners, rec.context, dr["max_rows"])
+    hs = [c["h"] for c in sorted((c for c in rec.candidates if c["source"] == PICK), key=lambda c: c["depth"])]
+    depth = len(dr["forwards"])
+    for i in range(min(depth, len(hs)) + 1):
+        if i == dr["limit"] or (i == depth and len(hs) < depth):
+            break
+        if go_on(hs[:i], dr["limit"]) != (i < depth):
+            raise ReplayMismatch(f"request {rec.request} round {rec.round}: replay drafts {'past' if i == depth else 'only'} "
+                                 f"{i} positions; the log has {depth}")
 
 
 def expected_accepted(rec: RoundRecord) -> float | None:

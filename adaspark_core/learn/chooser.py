@@ -168,11 +168,27 @@ class Chooser:
         b = self.bands.get(band_of(c))
         return b.ratio if b is not None and b.count >= self.p.band_min_rounds else None
 
-    def scores(self, prices: dict[int, float], s: list[float], d: float, c: int,
-               ahead: Lookahead | None = None) -> tuple[dict[int, float], bool]:
-        """Each priced width's score, and whether it is V(n) (else, until the band's rate is
-        known, the per-round ratio (1 + S(n)) / (D + T(n))). ``ahead``: the round's L (none: 0)."""
+    def charged_rate(self, c: int, prices: dict[int, float], d: float, floor: float = 0.0) -> float | None:
+        """The rate V charges time at: the band's, but never less than plain decoding's,
+        1 / (D + T(1)), where width 1 is priced. The band's rate is what the policy earned; a
+        policy that bets at a loss earns less than plain decoding would, and charged at its own
+        rate its bets look cheaper still, so it goes on (measured on Qwen2.5-Coder 1.5B: cold wide
+        verifies and 4-deep drafts held the band's rate 25% under plain decoding's). No width
+        earns less than plain decoding is worth: that is its time's cost. None until the band has
+        a rate."""
         rho = self.rate(c)
+        if rho is None:
+            return None
+        if 1 in prices:
+            floor = max(floor, 1.0 / (d + prices[1]))
+        return max(rho, floor)
+
+    def scores(self, prices: dict[int, float], s: list[float], d: float, c: int,
+               ahead: Lookahead | None = None, rho_floor: float = 0.0) -> tuple[dict[int, float], bool]:
+        """Each priced width's score, and whether it is V(n) (else, until the band's rate is
+        known, the per-round ratio (1 + S(n)) / (D + T(n))). ``ahead``: the round's L (none: 0).
+        ``rho_floor``: a least rate to charge time at beyond ``charged_rate``'s."""
+        rho = self.charged_rate(c, prices, d, rho_floor)
         if rho is None:
             return {n: (1.0 + at(s, n)) / (d + t) for n, t in prices.items()}, False
         return {n: 1.0 + at(s, n) + (ahead(n) if ahead else 0.0) - rho * (d + t) for n, t in prices.items()}, True
@@ -180,7 +196,7 @@ class Chooser:
     def lookahead(self, cands: list[dict], order: list[int], prices: dict[int, float], d: float,
                   c: int) -> Lookahead | None:
         """The round's L, once the band's rate is known."""
-        rho = self.rate(c)
+        rho = self.charged_rate(c, prices, d)
         return Lookahead(cands, order, prices, rho, d) if rho is not None and prices else None
 
     def choose(self, prices: dict[int, float], s: list[float], d: float, c: int,
@@ -355,10 +371,13 @@ class AdaptiveWidth:
 
         Unlike the paper, which measures every new width in the next rounds whatever they hold, a
         width is measured only in a round whose candidates fill it and that could win there even
-        at an optimistic price: what the widest measured narrower width costs (a width costs at
-        least that much on every kernel we know). On a CPU a wide verify costs several narrow
-        ones, so measuring the ladder in whatever rounds come next wastes a cold run's verify
-        time on trees of junk (ARCHITECTURE.md, section 5). A width no round makes plausible is
+        at an optimistic price: ``CostModel.price_floor``, what the widest measured narrower width
+        costs plus half its row price for each row beyond (a width costs at least that much on
+        every kernel we know). On a CPU a wide verify costs several narrow ones, so measuring the
+        ladder in whatever rounds come next wastes a cold run's verify time on trees of junk
+        (ARCHITECTURE.md, section 5); priced at the narrower width alone, every wider width a
+        draft model's 32 candidates fill looked like a win, and a cold Qwen2.5-Coder 1.5B measured
+        16 and 32 rows (0.4-0.7 s each) three times apiece. A width no round makes plausible is
         never measured and never offered. With nothing measured yet the narrowest fillable width
         is measured."""
         for m in self.cost.unmeasured():
@@ -367,7 +386,7 @@ class AdaptiveWidth:
             below = [w for w in prices if w < m]
             if not below:
                 return m if not prices else None
-            optimistic = {**prices, m: prices[below[-1]]}
+            optimistic = {**prices, m: self.cost.price_floor(m, context)}
             vals, _ = self.chooser.scores(optimistic, s, d_ms, context, ahead)
             if vals[m] > max(v for w, v in vals.items() if w != m):
                 return m

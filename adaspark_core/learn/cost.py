@@ -386,7 +386,10 @@ class CostModel:
         self.rounds += 1
         if rec.first:
             return
-        self.d_recent.append(rec.times.draft)
+        # D is the host's part of proposing: a draft model's forwards are the depth learner's to
+        # price (learn/depth.py), and a D that held them would count them again at every width.
+        forwards = sum(rec.drafting["forwards"]) if rec.drafting else 0.0
+        self.d_recent.append(max(rec.times.draft - forwards, 0.0))
         k = self.classes.get(rec.width)
         if k is not None:
             t = rec.times.verify

@@ -21,10 +21,12 @@ from adaspark_core.base.checks import NewerVersion, UnknownField, mapping
 from adaspark_core.learn.acceptance import AcceptanceModel, AcceptParams, RoundScore
 from adaspark_core.learn.chooser import AdaptiveWidth, Chooser, WidthParams
 from adaspark_core.learn.cost import CostModel
+from adaspark_core.learn.depth import DepthParams, DraftDepth
 from adaspark_core.store.store import StoreError
 
 WIDTH_SECTION = "width"
 ACCEPTANCE_SECTION = "acceptance"
+DEPTH_SECTION = "depth"
 # The sampled regime's learners, as a section holding their own width and acceptance sections.
 SAMPLED_SECTION = "sampled"
 HINT = "it was left as is: move it away or run `adaspark store reset`"
@@ -34,6 +36,7 @@ HINT = "it was left as is: move it away or run `adaspark store reset`"
 class LearnerParams:
     width: WidthParams = field(default_factory=WidthParams)
     acceptance: AcceptParams = field(default_factory=AcceptParams)
+    depth: DepthParams = field(default_factory=DepthParams)
 
 
 @dataclass(slots=True)
@@ -47,12 +50,14 @@ class Learners:
     policy: AdaptiveWidth = field(default_factory=AdaptiveWidth)
     acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
     sampled: Learners | None = None
+    depth: DraftDepth = field(default_factory=DraftDepth)  # a draft model's depth (learn/depth.py)
 
     @classmethod
     def fresh(cls, params: LearnerParams | None = None) -> "Learners":
         """Learners that know nothing yet, with ``params`` (Table 14's values by default)."""
         p = params or LearnerParams()
-        return cls(AdaptiveWidth(CostModel(p.width.cost), Chooser(p.width.chooser)), AcceptanceModel(p.acceptance))
+        return cls(AdaptiveWidth(CostModel(p.width.cost), Chooser(p.width.chooser)), AcceptanceModel(p.acceptance),
+                   depth=DraftDepth(p.depth))
 
     def regime(self, sampled: bool) -> "Learners":
         """The learners a request decodes and learns with: these for a greedy one; for a sampled
@@ -65,7 +70,8 @@ class Learners:
         # A regime no request began in is an untouched copy (its only requests were forgotten):
         # it is copied again now, as replay, which never saw it, copies it at this point.
         if self.sampled is None or self.sampled.acceptance.requests == 0:
-            self.sampled = Learners(copy.deepcopy(self.policy), copy.deepcopy(self.acceptance))
+            self.sampled = Learners(copy.deepcopy(self.policy), copy.deepcopy(self.acceptance),
+                                    depth=copy.deepcopy(self.depth))
         return self.sampled
 
     def start_request(self, request: str = "", alone: bool = True) -> None:
@@ -83,14 +89,19 @@ class Learners:
         self.acceptance.use(request)
 
     def learn(self, rec) -> RoundScore:
-        """Both learners learn from one round's record, the width policy first (the order the
-        live run and replay share). Returns the acceptance model's score of the round's labels."""
+        """Every learner learns from one round's record, the width policy first, the draft depth
+        last (the order the live run and replay share). Returns the acceptance model's score of
+        the round's labels."""
         self.policy.learn(rec)
-        return self.acceptance.learn(rec)
+        score = self.acceptance.learn(rec)
+        self.depth.learn(rec)
+        return score
 
     def state(self) -> dict:
         """The store sections, by name (each learner versions its own)."""
         st = {WIDTH_SECTION: self.policy.state(), ACCEPTANCE_SECTION: self.acceptance.state()}
+        if self.depth.rounds:  # else no draft model was ever asked: a store without one has none
+            st[DEPTH_SECTION] = self.depth.state()
         if self.sampled is not None and self.sampled.acceptance.requests:  # else an untouched copy (regime)
             st[SAMPLED_SECTION] = self.sampled.state()
         return st
@@ -103,6 +114,7 @@ class Learners:
         p = params or LearnerParams()
         fresh = cls.fresh(p)
         width, accept = mapping(st, path).get(WIDTH_SECTION), st.get(ACCEPTANCE_SECTION)
+        depth = st.get(DEPTH_SECTION)
         sampled = st.get(SAMPLED_SECTION)
         if sampled is not None and SAMPLED_SECTION in mapping(sampled, f"{path}.{SAMPLED_SECTION}"):
             raise ValueError(f"{path}.{SAMPLED_SECTION}: a regime has no regime of its own")
@@ -110,7 +122,9 @@ class Learners:
                    else fresh.policy,
                    AcceptanceModel.from_state(accept, p.acceptance, f"{path}.{ACCEPTANCE_SECTION}") if accept is not None
                    else fresh.acceptance,
-                   cls.from_state(sampled, params, f"{path}.{SAMPLED_SECTION}") if sampled is not None else None)
+                   cls.from_state(sampled, params, f"{path}.{SAMPLED_SECTION}") if sampled is not None else None,
+                   DraftDepth.from_state(depth, p.depth, f"{path}.{DEPTH_SECTION}") if depth is not None
+                   else fresh.depth)
 
     @classmethod
     def from_store(cls, store, params: LearnerParams | None = None, hint: str = HINT) -> "Learners":

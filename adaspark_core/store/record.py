@@ -30,7 +30,7 @@ from adaspark_core.base.schema import apply_upgrades
 from adaspark_core.base.tree import ANCHOR, NGRAM, PICK, SIBLING, Candidate
 from adaspark_core.candidates.ngram import COPY, COPY_ALT, COPY_START, FOLLOW, FOLLOW_ALT, MEMORY
 
-SCHEMA = 6
+SCHEMA = 7
 
 # Append-only: UPGRADES[i] maps a dict of schema i+1 to schema i+2. Never edit an entry.
 UPGRADES: list[Callable[[dict], dict]] = [
@@ -45,6 +45,8 @@ UPGRADES: list[Callable[[dict], dict]] = [
     lambda d: {k: v for k, v in d.items() if k != "reach"},
     # 5 -> 6: rounds verified together with other requests' carry their ``step``.
     lambda d: {**d, "step": None},
+    # 6 -> 7: a draft model's rounds log its forwards (the depth learner's, learn/depth.py).
+    lambda d: {**d, "drafting": None},
 ]
 
 
@@ -109,6 +111,13 @@ class RoundRecord:
     # requests that joined since the previous step: their per-request learner state starts
     # there, before their prompts are in). None: verified alone.
     step: dict | None = None
+    # A draft model's draft this round (drafters.ModelDrafter, learn/depth.py): ``forwards``, the
+    # time of each forward in ms, one a position drafted (none: a depth of 0); ``rows``, how
+    # many tokens the first one decoded (the anchor and what the draft cache had not seen; 0
+    # without one); ``limit``, the most positions it could draft; ``max_rows``, the round's
+    # bound on its verify (the depth learner's inputs). None: no draft model drafts position by
+    # position in this round.
+    drafting: dict | None = None
     schema: int = field(default=SCHEMA)
 
     def as_step(self) -> "RoundRecord":
@@ -365,7 +374,8 @@ _SAMPLING = _Object({"temperature": _num(_TINY, None), "top_k": _int(0), "top_p"
 _STEP = _Object({"batch": _text(), "id": _int(0), "requests": _int(1), "rows": _int(1), "cells": _int(1),
                  "draft": _MS, "last": _FLAG, "index": _int(0), "lead": _FLAG, "max_rows": _int(1)},
                 {"prefill": _int(1), "began": _List(_Field(frozenset({list}), "a [request, sampled] pair"))}, null=True)
-_STEP_OWN = ("index", "lead", "max_rows")  # the fields of a step's record that are its round's own
+_STEP_OWN = ("index", "lead", "max_rows")
+_DRAFTING = _Object({"forwards": _List(_MS), "rows": _int(0), "limit": _int(0), "max_rows": _int(1)}, null=True)  # the fields of a step's record that are its round's own
 
 _RECORD = _Object({
     "request": _text(), "round": _int(0), "context": _int(1), "arm": _text(), "anchor": _TOKEN,
@@ -375,7 +385,8 @@ _RECORD = _Object({
     "emitted": _List(_TOKEN), "times": _TIMES, "measure": _int(1, null=True), "p_src": _num(null=True),
     # learn/acceptance.py's FITTED and HEAD (a layer above this one)
     "priced": _text(("fitted", "head"), null=True), "explored": _FLAG, "first": _FLAG, "last": _FLAG,
-    "finish": _text(null=True), "sampling": _SAMPLING, "step": _STEP, "schema": _int(SCHEMA, SCHEMA),
+    "finish": _text(null=True), "sampling": _SAMPLING, "step": _STEP, "drafting": _DRAFTING,
+    "schema": _int(SCHEMA, SCHEMA),
 })
 assert set(_RECORD.known) == set(_RECORD_FIELDS) and set(_TIMES.known) == set(_TIMING_FIELDS)
 
@@ -455,6 +466,23 @@ def check(d: dict) -> None:
         raise _Bad(f"priced is {_show(d['priced'])} for a round without candidates, which prices none")
     if d["step"] is not None:
         _check_step(d["step"], d)
+    if d["drafting"] is not None:
+        _check_drafting(d["drafting"], d)
+
+
+def _check_drafting(dr: dict, d: dict) -> None:
+    """A draft's forwards and rows: one forward a position drafted, so no more picks than
+    forwards, one a depth (fewer where an end token cut the rest, tree.cut_below_ends); its first
+    forward decodes ``rows`` >= 1 tokens, and no draft none."""
+    _DRAFTING.check(dr, "drafting.")
+    forwards = dr["forwards"]
+    picks = [c["depth"] for c in d["candidates"] if c["source"] == PICK]
+    if len(forwards) > dr["limit"]:
+        raise _Bad(f"drafting.forwards has {len(forwards)} items, more than its limit ({dr['limit']})")
+    if picks != list(range(1, len(picks) + 1)) or len(picks) > len(forwards):
+        raise _Bad(f"drafting.forwards has {len(forwards)} items, not one per position of the draft's picks ({len(picks)})")
+    if (dr["rows"] == 0) != (not forwards):
+        raise _Bad(f"drafting.rows is {dr['rows']} with {len(forwards)} forwards: a draft's first forward decodes a row or more, no draft none")
 
 
 # (n-gram node, kind is None, bucket is None, agreed, contradicted) of the candidates the writer

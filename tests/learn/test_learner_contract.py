@@ -27,6 +27,7 @@ from adaspark_core.evaluate.replay import replay
 from adaspark_core.learn.acceptance import AcceptanceModel
 from adaspark_core.learn.chooser import AdaptiveWidth, Chooser
 from adaspark_core.learn.cost import CostModel
+from adaspark_core.learn.depth import DraftDepth
 from adaspark_core.learn.learned import Learners
 from adaspark_core.store.record import read_log
 from adaspark_core.store.store import Store, StoreError
@@ -56,6 +57,8 @@ LEARNERS = {
     "Chooser": (Chooser, lambda ls: ls.policy.chooser, part_setter("policy.chooser")),
     "AdaptiveWidth": (AdaptiveWidth, lambda ls: ls.policy, part_setter("policy")),
     "AcceptanceModel": (AcceptanceModel, lambda ls: ls.acceptance, part_setter("acceptance")),
+    # untouched here (no draft model in these runs): tests/learn/test_depth.py trains one
+    "DraftDepth": (DraftDepth, lambda ls: ls.depth, part_setter("depth")),
     "Learners": (Learners, lambda ls: ls, lambda ls, x: x),
 }
 each = pytest.mark.parametrize("name", list(LEARNERS))
@@ -192,7 +195,8 @@ def test_every_section_has_its_version(name, trained):
     if cls is not Learners:
         assert st["version"] == cls.VERSION >= 1
     # every learner's section, its own and its parts'
-    assert len(found) == {"CostModel": 1, "Chooser": 1, "AdaptiveWidth": 3, "AcceptanceModel": 1, "Learners": 4}[name]
+    assert len(found) == {"CostModel": 1, "Chooser": 1, "AdaptiveWidth": 3, "AcceptanceModel": 1, "DraftDepth": 1,
+                          "Learners": 4}[name]
 
 
 @each
