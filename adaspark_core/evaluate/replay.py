@@ -540,7 +540,7 @@ def _check_depth(rec: RoundRecord, learners: Learners) -> None:
     hs = [c["h"] for c in sorted((c for c in rec.candidates if c["source"] == PICK), key=lambda c: c["depth"])]
     depth = len(dr["forwards"])
     for i in range(min(depth, len(hs)) + 1):
-        if i == dr["limit"] or (i == depth and len(hs) < depth):
+        if i == dr["limit"]:  # the block's limit stopped it: go_on was not asked
             break
         if go_on(hs[:i], dr["limit"]) != (i < depth):
             raise ReplayMismatch(f"request {rec.request} round {rec.round}: replay drafts {'past' if i == depth else 'only'} "

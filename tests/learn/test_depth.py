@@ -17,6 +17,7 @@ import dataclasses
 import orjson
 import pytest
 
+from adaspark_core.base.checks import NewerVersion
 from adaspark_core.decode.scheduler import Generation, parse_arm
 from adaspark_core.engine.sim import CostCurve, DraftParams, make_sim
 from adaspark_core.evaluate.replay import ReplayMismatch, replay
@@ -139,5 +140,5 @@ def test_a_store_that_never_met_a_draft_model_has_no_depth_section(logged):
     assert js(Learners.from_state(st).depth.state()) == st["depth"]
     newer = copy.deepcopy(st)
     newer["depth"]["version"] = 2
-    with pytest.raises(Exception, match=r"depth\.version is 2"):
+    with pytest.raises(NewerVersion, match=r"depth\.version is 2"):
         Learners.from_state(newer)

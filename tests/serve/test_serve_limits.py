@@ -268,8 +268,7 @@ def test_at_the_cap_a_kept_alive_client_between_two_requests_is_shed_after_every
         closed = wait_closed(idle, time.monotonic() + 2)
         assert sorted(closed) == list(range(5)), sorted(closed)
         assert_shed(closed)
-        kept.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\n\r\n%s" % (len(CHAT), CHAT))
+        kept.sendall(post_head("/v1/chat/completions", len(CHAT)) + CHAT)
         status, body = status_and_body(read_one_reply(kept))
         assert status == 200 and body["usage"]["completion_tokens"] >= 1
     finally:
