@@ -19,8 +19,8 @@ from adaspark_cli.console import reported
 from adaspark_cli.plot import missing
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.files import landing, read_regular, replace
+from adaspark_core.decode.arms import parse_arm
 from adaspark_core.decode.runtime import EngineOptions, Runtime
-from adaspark_core.decode.scheduler import parse_arm
 from adaspark_core.engine.simlm import SimModel
 from adaspark_core.evaluate import compare as cmp
 from adaspark_core.evaluate import testset, tracesim
@@ -36,10 +36,10 @@ def compare(
     drafter: str = console.DRAFTER,
     block: Optional[int] = console.BLOCK,
     draft_top_k: int = console.DRAFT_TOP_K,
-    arms: str = typer.Option(DEFAULT_ARMS, "--arms", help="Comma-separated: ar, pld:N, chain:N, block-chain, tree:N, cost, adaspark, pinned:N (ar always runs: it is the baseline); llama.cpp's own llama-server (make peer): llama:ar, llama:SPEC, llama:SPEC:N:M or llama:draft:N[:P], SPEC one of ngram-simple, ngram-map-k, ngram-map-k4v (N: --spec-ngram-*-size-n, the n-gram looked up; M: --spec-ngram-*-size-m, the most draft tokens), ngram-mod (N: --spec-ngram-mod-n-match; M: --spec-ngram-mod-n-max) or ngram-cache (no sizes); llama:draft:N[:P] is the server's draft-model speculation on the --drafter model:FILE draft (N: --spec-draft-n-max, the most draft tokens; P: --spec-draft-p-min, the least probability of a drafted token, 0 to 1)."),
-    sets: Optional[List[Path]] = typer.Option(None, "--sets", help="A folder of conversation sets, set files (.json) or prompt files (one turn each); repeat it. Default: ../shared/testset beside the repository, else its excerpt fixtures/testset."),
+    arms: str = typer.Option(DEFAULT_ARMS, "--arms", help="Comma-separated: ar (always run: the baseline), pld:N, chain:N, block-chain, tree:N, cost, adaspark, pinned:N, and llama.cpp's llama-server (make peer) as llama:ar, llama:SPEC[:N:M] or llama:draft:N[:P] (docs/comparing.md)."),
+    sets: Optional[List[Path]] = typer.Option(None, "--sets", help="A folder of conversation sets, set files (.json) or prompt files; repeat it (default: ../shared/testset, else fixtures/testset)."),
     subset: str = typer.Option("eval", "--subset", help="eval (the paper's evaluation subset rule), short (first two turns of each source's first conversation) or all."),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1, help="Keep only the first K turns of every conversation (K=1: first turns only, a quick workload that still spans every conversation)."),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1, help="Keep only the first K turns of every conversation (1: first turns only)."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Reply cap; capped replies count in the first-N ratio and are left out of the paper's."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Decode every reply K times and keep the median speed."),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for compare.json (every reply, the summary, machine, model hash, versions) and ratios.png."),
@@ -47,10 +47,10 @@ def compare(
     n_ctx: Optional[int] = console.N_CTX,
     threads: Optional[int] = console.THREADS,
     resamples: int = typer.Option(2000, "--resamples", min=100, help="Bootstrap resamples (seeded)."),
-    warm: int = typer.Option(0, "--warm", min=0, help="Run the learning arms (adaspark, cost, pinned:N) over the whole workload K times, untimed, before measuring: a warm store (0: cold)."),
-    logs: Optional[Path] = typer.Option(None, "--logs", help="Folder for one round log per AdaSpark arm (adaspark.jsonl, chain_3.jsonl, ...; warm passes in warm-<arm>.jsonl), for adaspark replay."),
-    warm_on: str = typer.Option("all", "--warm-on", help="all: warm passes over the whole workload; first-half: over the first half of each source's conversations only, and the report adds the seen and unseen halves apart (held-out)."),
-    memory_mb: float = typer.Option(64.0, "--memory-mb", min=0.0, help="Each learning arm with n-gram candidates keeps an n-gram memory of its own earlier replies (warm passes included) of this cap; 0: none."),
+    warm: int = typer.Option(0, "--warm", min=0, help="Run the learning arms over the workload K times, untimed, before measuring (0: a cold store)."),
+    logs: Optional[Path] = typer.Option(None, "--logs", help="Folder for a round log per AdaSpark arm (adaspark.jsonl, ...; warm passes: warm-<arm>.jsonl), for replay."),
+    warm_on: str = typer.Option("all", "--warm-on", help="all, or first-half: warm on the first half of each source's conversations and report the seen and unseen halves apart."),
+    memory_mb: float = typer.Option(64.0, "--memory-mb", min=0.0, help="Cap of each learning arm's n-gram memory of its own earlier replies; 0: none."),
     temperature: float = console.TEMPERATURE,
     sample_top_k: int = console.SAMPLE_TOP_K,
     top_p: float = console.TOP_P,
@@ -58,8 +58,9 @@ def compare(
     seed: int = typer.Option(0, "--seed", min=console.sampling_fields.SEED_RANGE[0], max=console.sampling_fields.SEED_RANGE[1], help="Sampling: the seed every arm samples with (so arms sample the same text)."),
     reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix", help="Prefill only what follows the KV the last reply left (the AdaSpark arms; decode speed is timed after the prefill either way)."),
 ) -> None:
-    """Run several arms over the same conversations, each carrying its own replies as history, and
-    report decode speed over ar per source, overall and by context band with 95% bootstrap
+    """Run arms side by side over the same conversations.
+
+    Each arm carries its own replies as history; the report gives decode speed over ar per source, overall and by context band with 95% bootstrap
     intervals over conversations (paper 4.1, Tables 3, 4, 6, 8, 10, Figure 8)."""
     with reported():
         if subset not in cmp.SUBSETS:
@@ -134,22 +135,16 @@ def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int,
     """Every arm over ``convs`` on the runtime's target and drafter: (arm names, replies)."""
     lm, target = rt.model, rt.target
 
-    def llama():
+    def prompt_lookup():
         if isinstance(lm, SimModel):
             raise InputError(f"pld arms run llama-cpp-python's own decoder: they need a GGUF model, not {lm.path}")
-        from llama_cpp import Llama  # here: a simulated run never loads llama.cpp
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+        from adaspark_core.engine.prompt_lookup import PromptLookupDecoder  # a simulated run never loads llama.cpp
 
-        # Made with a draft model and logits_all: Llama then keeps the logits of every row
-        # (its score buffer is sized by the logits_all argument), which verifying drafts
-        # needs. Each pld arm puts in its own draft model before a reply.
-        n = target.threads
-        return Llama(str(lm.path), n_ctx=target.n_ctx, n_threads=n, n_threads_batch=n, verbose=False,
-                     logits_all=True, draft_model=LlamaPromptLookupDecoding())
+        return PromptLookupDecoder(lm.path, target.n_ctx, target.threads)
 
     if isinstance(lm, SimModel) and any(a.strip().startswith("llama:") for a in arms.split(",")):
         raise InputError(f"llama: arms run llama.cpp's llama-server: they need a GGUF model, not {lm.path}")
-    arm_list = cmp.make_arms(arms.split(","), target, rt.drafter, llama, lm.is_eog, model_path=lm.path,
+    arm_list = cmp.make_arms(arms.split(","), target, rt.drafter, prompt_lookup, lm.is_eog, model_path=lm.path,
                              n_ctx=target.n_ctx, threads=rt.threads, memory_mb=memory_mb,
                              sampling=sampling)
     try:
@@ -227,14 +222,15 @@ def simulate(
     costs: List[Path] = typer.Option(..., "--costs", help="Round logs whose verify times price the simulated verifies (repeat it; a bench's logs of several arms measure several widths)."),
     arms: str = typer.Option("ar,chain:3,pinned:4,adaspark", "--arms", help="Comma-separated scheduler arms: ar, chain:N, tree:N, pinned:N, cost, adaspark (ar always runs: it is the baseline)."),
     warm: int = typer.Option(0, "--warm", min=0, help="Run the learning arms over the traces K times first, untimed: a warm store."),
-    warm_on: str = typer.Option("all", "--warm-on", help="all: warm passes over every trace; first-half: over the traces of the first half of each source's conversations only, and the report adds the seen and unseen halves apart (held-out)."),
+    warm_on: str = typer.Option("all", "--warm-on", help="all, or first-half: warm on the traces of the first half of each source's conversations and report the seen and unseen halves apart."),
     logs: Optional[Path] = typer.Option(None, "--logs", help="Folder for one round log per arm (for adaspark replay --regret)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the simulated verify-time interference."),
     resamples: int = typer.Option(2000, "--resamples", min=100, help="Bootstrap resamples (seeded)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object instead of tables."),
 ) -> None:
-    """Decode recorded greedy replies with the real scheduler and learners on a virtual clock whose
-    verify times are measured ones: what each arm's choices earn on the machine the cost logs
+    """Decode recorded greedy replies on a virtual clock.
+
+    The scheduler and learners are the real ones, the verify times measured ones: what each arm's choices earn on the machine the cost logs
     came from, in seconds instead of a bench's minutes (host time left out). Same tables as
     compare."""
     with reported():

@@ -10,14 +10,16 @@ import typer
 
 from adaspark_cli import console
 from adaspark_cli.console import reported
+from adaspark_core.decode.arms import Speculation
+from adaspark_core.decode.generation import Generation
+from adaspark_core.decode.round import INTERRUPTED
 from adaspark_core.decode.runtime import EngineOptions, Runtime
-from adaspark_core.decode.scheduler import INTERRUPTED, Generation, Speculation
 
 
 def decode(
     prompt_file: str = typer.Argument(..., help="File with the prompt text, or - for stdin."),
     model: Optional[str] = console.MODEL,
-    arm: str = typer.Option("adaspark", "--arm", help="adaspark, cost, pinned:N, tree:N, chain:N or ar (see below)."),
+    arm: str = typer.Option("adaspark", "--arm", help="adaspark, cost, pinned:N, tree:N, chain:N or ar (see above)."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
     raw: bool = typer.Option(False, "--raw", help="Send the text as is, without the model's chat template."),
     system: Optional[str] = typer.Option(None, "--system", help="A system message (chat mode)."),
@@ -36,7 +38,7 @@ def decode(
     min_p: float = console.MIN_P,
     seed: Optional[int] = console.SEED,
 ) -> None:
-    """Decode a reply to PROMPT_FILE, streaming it to stdout; a summary goes to stderr.
+    """Decode a reply to PROMPT_FILE, streamed to stdout. A summary goes to stderr.
 
     Arms: ar, chain:N (at most N draft tokens), tree:N (N rows), pinned:N (N rows, learners on),
     cost (learned width, no n-gram), adaspark (learned width with n-gram candidates)."""

@@ -20,9 +20,14 @@ from adaspark_cli.serve_cmd import serve_stdin
 from adaspark_cli.serve_http import serve
 from adaspark_cli.store_cmd import inspect_store, store_app
 
+# Help in click's plain layout (option names, then their help indented below), readable at 80
+# columns; Typer's rich tables wrapped every option into a cell a few words wide. Sub-apps
+# (store, models) inherit the mode from this app.
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 80},
     help="Speculative decoding with tree verification for llama.cpp models (AdaSpark).",
 )
 
@@ -46,7 +51,7 @@ app.command("inspect-store")(inspect_store)
 
 def main(args: list[str] | None = None) -> None:
     """The console entry point. Usage errors (a bad option value, an unknown option) are one
-    line on stderr and exit code 2, as the core's input errors are: Typer's boxes are for
+    line on stderr and exit code 2, as the core's input errors are: help text is for
     ``--help``, not for a pipeline's log. Standard streams closed by the caller are put on
     /dev/null first, so no file the run opens takes their numbers."""
     closed = [fd for fd in (0, 1, 2) if not _is_open(fd)]

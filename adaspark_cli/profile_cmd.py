@@ -68,9 +68,9 @@ def profile(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also write a PNG of verify time against rows, one line per context (needs matplotlib: pip install 'adaspark[plot]')."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
 ) -> None:
-    """Verify time by rows and context on this machine (paper 3.2, Figure 3, Table 1).
+    """Measure this machine's verify time by rows and context.
 
-    Pinned-width chain verifies at each context, in two passes of opposite order (pass 1 widths
+    The paper's survey (3.2, Figure 3, Table 1): pinned-width chain verifies at each context, in two passes of opposite order (pass 1 widths
     ascending, pass 2 descending); per cell the median over passes of the per-pass median after
     two warm-up rounds; per width the fit T(c) = alpha + beta*c over the contexts with its
     residuals. Measures only: the learned store is not touched."""

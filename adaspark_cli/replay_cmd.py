@@ -29,10 +29,11 @@ def replay(
     no_check: bool = typer.Option(False, "--no-check", help="Go on where replay and the log disagree."),
     regret: bool = typer.Option(False, "--regret", help="Add the hindsight account: what every width would have accepted and cost, the best single width, the per-round oracle, and the loss split by cause."),
     costs: Optional[list[Path]] = typer.Option(None, "--costs", help="More round logs (e.g. the other arms of the same bench) whose measured verify times price the widths; repeat it."),
-    against: Optional[Path] = typer.Option(None, "--against", help="The store the logged run saved: after replaying, compare the replayed learners with its learned sections and name where they differ (exit code 2 if they do)."),
+    against: Optional[Path] = typer.Option(None, "--against", help="The store the logged run saved: compare the replayed learners with it and name where they differ (exit code 2 if they do)."),
 ) -> None:
-    """Drive fresh learners through a logged run and report how they predicted: acceptance log
-    loss per request (paper Table 2), calibration of S (Figure 10) and what the n-gram fill added
+    """Replay round logs through fresh learners.
+
+    The report says how they predicted: acceptance log loss per request (paper Table 2), calibration of S (Figure 10) and what the n-gram fill added
     (Table 7). Only rounds of learning arms (adaspark, pinned:N, cost) are replayed. With
     --regret, every arm of the log (fixed arms too) gets the hindsight account. Every line is
     checked as it is read; rounds the log does not hold whole (a log that starts mid-request, a

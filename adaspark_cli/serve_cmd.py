@@ -26,8 +26,8 @@ import typer
 from adaspark_cli import console
 from adaspark_cli.console import reported
 from adaspark_core.base.errors import InputError
+from adaspark_core.decode.arms import Speculation
 from adaspark_core.decode.runtime import EngineOptions, Runtime
-from adaspark_core.decode.scheduler import Speculation
 from adaspark_core.serve.service import keep, serve_request
 from adaspark_core.serve.stdin_api import RequestError, parse_request
 from adaspark_core.store.record import LogWriteError
@@ -47,10 +47,11 @@ def serve_stdin(
     threads: Optional[int] = console.THREADS,
     reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix",
                                       help="Keep the last request's KV and prefill only what follows the common "
-                                           "token prefix (a conversation's next turn pays for its new text only)."),
+                                           "token prefix."),
 ) -> None:
-    """Serve requests read as JSON lines on stdin, one at a time, answering in JSON lines on
-    stdout. A request: {"id", "prompt" (raw text) or "messages" (chat), "max_tokens", "stream"}."""
+    """Serve JSON-line requests from stdin, one at a time.
+
+    Answers are JSON lines on stdout. A request: {"id", "prompt" (raw text) or "messages" (chat), "max_tokens", "stream"}."""
     if sys.stdin is None:
         console.fail("stdin is closed: serve-stdin reads its requests there")
     with reported():

@@ -3,7 +3,7 @@
 keeps the previous request's KV for the next one's common prefix. The HTTP stack is the
 ``adaspark[server]`` extra (FastAPI, uvicorn, sse-starlette), imported only by this command.
 Request fields and defaults: adaspark_core/serve/openai_api.py; threads, shutdown and the limits on what
-one client may take: http_app.py."""
+one client may take: adaspark_core/serve/http_app.py."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import typer
 
 from adaspark_cli import console
 from adaspark_cli.console import reported
+from adaspark_core.decode.arms import Speculation
 from adaspark_core.decode.runtime import EngineOptions, Runtime
-from adaspark_core.decode.scheduler import Speculation
 
 
 def serve(
@@ -32,33 +32,31 @@ def serve(
     n_ctx: Optional[int] = console.N_CTX,
     threads: Optional[int] = console.THREADS,
     parallel: int = typer.Option(1, "--parallel", "-np", min=1, max=64,
-                                 help="Requests decoded together (llama-server's -np): each in a slot of --n-ctx "
-                                      "tokens, one llama_decode a step holding every request's tree, the widths "
-                                      "chosen for the whole step. llama.cpp models only, no --drafter."),
+                                 help="Requests decoded together (llama-server's -np), each in a slot of --n-ctx "
+                                      "tokens. llama.cpp models only, no --drafter."),
     queue_size: int = typer.Option(8, "--queue", min=0, help="Requests that may wait while the slots decode; the next gets 503."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, max=2.0,
                                       help="For requests that set none. 0: greedy, with speculation; above 0: "
                                            "sampled, with speculation that never changes the sample."),
     reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix",
                                       help="Keep the last request's KV and prefill only what follows the common "
-                                           "token prefix (a conversation's next turn pays for its new text only)."),
+                                           "token prefix."),
     max_body_mb: float = typer.Option(4.0, "--max-body-mb", min=0.001,
-                                      help="Largest request body, in MB; a larger one gets 413 before it is read "
-                                           "(a full 8192-token context is well under 1 MB of JSON)."),
+                                      help="Largest request body, in MB; a larger one gets 413 before it is read."),
     max_connections: int = typer.Option(64, "--max-connections", min=1,
-                                        help="Open connections at most; at it a new one takes the place of the "
-                                             "one idle longest (no request in progress, or its headers unfinished), "
-                                             "and gets 503 at once only if every one has a request in progress."),
+                                        help="Open connections at most; at the cap a new one replaces the one idle "
+                                             "longest, or gets 503 if every one has a request in progress."),
     header_timeout: float = typer.Option(10.0, "--header-timeout", min=0.01,
                                          help="Seconds a connection has to send a request's headers, from its "
-                                              "opening or its previous reply; then it is closed (slow clients "
-                                              "cannot hold it)."),
+                                              "opening or its previous reply; then it is closed."),
 ) -> None:
-    """Serve the model over HTTP with OpenAI's API, learning while it serves: one decode at a time,
-    or --parallel N requests decoded together.
-    Point any OpenAI client at http://HOST:PORT/v1 (any API key)."""
+    """Serve the model over HTTP with OpenAI's API.
+
+    It learns while it serves: one decode at a time, or --parallel N requests decoded together.
+    Point any OpenAI client at http://HOST:PORT/v1 (any API key). Routes, fields and limits:
+    docs/serving.md."""
     try:
-        from adaspark_cli import http_app
+        from adaspark_core.serve import http_app
     except ImportError as e:
         console.fail(f"adaspark serve needs the server extra ({e.name} is missing): pip install 'adaspark[server]'")
     with reported():
@@ -72,5 +70,7 @@ def serve(
             sock.close()
             raise
         code = http_app.run(rt, sock, queue_size, temperature, limits,
-                            warn=lambda m: typer.echo(f"adaspark: warning: {m}", err=True))
+                            warn=lambda m: typer.echo(f"adaspark: warning: {m}", err=True),
+                            error=lambda m, trace: typer.echo(f"{trace}adaspark: error: {m}", err=True),
+                            announce=lambda m: typer.echo(f"adaspark serve: {m}", err=True))
     raise typer.Exit(code)

@@ -42,7 +42,7 @@ from adaspark_core.store.store import Store, StoreError, default_store_path
 store_app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="Show, reset, export or import the learned state (one store per model and machine).",
+    help="Show, reset, export or import the learned state. One store per model and machine.",
 )
 
 _STORE_HELP = "The store file (default: the store of --model on this machine, in the cache)."
@@ -121,10 +121,12 @@ def inspect_store(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
     drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the whole summary as one JSON object (every bucket weight)."),
-    context: Optional[List[int]] = typer.Option(None, "--context", "-c", min=1, help="A context (tokens) to price the laws at; repeat it (default: 443, 1596 and 8444, the paper's Table 1). The affine fit spans the smallest to the largest."),
+    context: Optional[List[int]] = typer.Option(None, "--context", "-c", min=1, help="A context (tokens) to price the laws at; repeat it (default: 443, 1596 and 8444, the paper's Table 1)."),
     top: int = typer.Option(12, "--top", min=0, help="How many bucket weights the table lists (largest |weight| first)."),
 ) -> None:
-    """Show what a store has learned: widths and their classes, each class's context law priced
+    """Show what a store has learned.
+
+    It lists widths and their classes, each class's context law priced
     as in the paper's Table 1 with its affine fit, levels, the fixed cost D, band rates,
     acceptance coefficients and bucket weights, counts, and the fingerprint it is keyed by."""
     with reported():
@@ -172,8 +174,9 @@ def reset(
     yes: bool = typer.Option(False, "--yes", "-y", help="Remove it (required: this forgets what was learned)."),
     memory_only: bool = typer.Option(False, "--memory", help="Remove only the n-gram memory beside the store (earlier replies); keep the learners."),
 ) -> None:
-    """Remove the store file and its n-gram memory, whatever they hold (also corrupt ones); the
-    learners start from empty on the next decode. Nothing else is touched. With --memory, only
+    """Remove the store file and its n-gram memory.
+
+    Whatever they hold goes (corrupt ones too); the learners start from empty on the next decode. Nothing else is touched. With --memory, only
     the n-gram memory goes."""
     with reported():
         path, _ = locate(store, model, drafter) if store is None else (store, None)
@@ -207,8 +210,9 @@ def memorize(
     drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
     memory_mb: float = typer.Option(64.0, "--memory-mb", min=0.0, help="The memory's cap: the oldest documents go first when it is full."),
 ) -> None:
-    """Add a corpus to the store's n-gram memory, once (as llama.cpp's static n-gram cache): the
-    fill then proposes continuations of text like it where a request's own text has none. The
+    """Add a corpus to the store's n-gram memory, once.
+
+    As with llama.cpp's static n-gram cache, the fill then proposes continuations of text like it where a request's own text has none. The
     model tokenizes it; the memory is written atomically beside the store."""
     with reported():
         if memory_mb <= 0:
@@ -246,7 +250,7 @@ def export(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
     drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
 ) -> None:
-    """Copy the store to FILE, atomically, after checking it is a readable store."""
+    """Copy the store to FILE, atomically. It is checked to be a readable store first."""
     hint = "nothing was exported"
     with reported():
         path, fp = locate(store, model, drafter)

@@ -33,7 +33,8 @@ from adaspark_cli import console
 from adaspark_core.base import tree
 from adaspark_core.base.tree import ANCHOR, NGRAM
 from adaspark_core.candidates.drafters import make_drafter
-from adaspark_core.decode.scheduler import Generation, parse_arm, run
+from adaspark_core.decode.arms import parse_arm
+from adaspark_core.decode.generation import Generation, run
 from adaspark_core.engine.llama import LlamaModel, LlamaTarget
 from adaspark_core.engine.models import default_model, shipped_default
 from adaspark_core.evaluate.replay import expected_accepted
@@ -510,15 +511,16 @@ def _adaspark_server(args: list[str], store_dir: Path):
 
 def _llama_server(clients: int, spec: str, n_ctx: int, threads: int, model: Path):
     """llama.cpp's llama-server with ``clients`` slots (-np) of ``n_ctx`` each: (server, base URL)."""
-    from adaspark_core.evaluate import peer
+    from adaspark_core.engine import llama_server as ls
+    from adaspark_core.evaluate.peer import parse_peer
 
-    port = peer._free_port()
-    cmd = [str(peer.server_binary()), "-m", str(model), "-c", str(n_ctx * clients), "-np", str(clients),
-           "-t", str(threads), "-tb", str(threads), "--host", peer.HOST, "--port", str(port), "--no-ui",
-           "-fa", "off", *peer.parse_peer(spec).server_args()]
-    srv = peer.LlamaServer(cmd, port, spec)
+    port = ls.free_port()
+    cmd = [str(ls.server_binary()), "-m", str(model), "-c", str(n_ctx * clients), "-np", str(clients),
+           "-t", str(threads), "-tb", str(threads), "--host", ls.HOST, "--port", str(port), "--no-ui",
+           "-fa", "off", *parse_peer(spec).server_args()]
+    srv = ls.LlamaServer(cmd, port, spec)
     srv.start()
-    return srv, f"http://{peer.HOST}:{port}"
+    return srv, f"http://{ls.HOST}:{port}"
 
 
 def _drive(url: str, prompts: list, clients: int, max_tokens: int, deadline_s: float) -> dict:

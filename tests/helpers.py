@@ -11,7 +11,8 @@ import httpx
 import orjson
 from conftest import NEAR_TIE
 
-from adaspark_core.decode.scheduler import Generation, parse_arm
+from adaspark_core.decode.arms import parse_arm
+from adaspark_core.decode.generation import Generation
 from adaspark_core.engine.llama import rescore
 
 # NEAR_TIE (conftest): with flash attention off, a verify of two rows or more computes every row

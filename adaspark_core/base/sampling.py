@@ -1,4 +1,4 @@
-"""Sampling that speculation cannot change (issue 17, first part).
+"""Sampling that speculation cannot change.
 
 A sampled request's token at position ``pos`` is drawn from the target's distribution at that
 position (top-k, then top-p, then min-p, then temperature, in the order of llama.cpp's sampler
@@ -14,7 +14,7 @@ proposals (n-gram nodes, top-K picks) this accepts each child x of an accepted p
 probability p(x), as recursive rejection sampling with q = 1 on the proposed token does, and the
 output distribution is the target's own.
 
-Everything here is pure numpy; the scheduler draws from its verify rows (scheduler.Draws).
+Everything here is pure numpy; the scheduler draws from its verify rows (round.Draws).
 """
 
 from __future__ import annotations

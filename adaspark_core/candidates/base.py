@@ -18,6 +18,9 @@ from adaspark_core.base.tree import PICK, Candidate, append_proposal
 
 class Proposer(Protocol):
     name: str
+    # Drafts position by position, one forward each (a draft model): it asks ``go_on`` before
+    # each position and leaves its forwards' times in ``last_draft`` (RoundRecord.drafting).
+    sequential: bool
 
     def begin(self, tokens: list[int]) -> None:
         """A new request whose committed tokens so far are ``tokens`` (the last is the anchor)."""
@@ -55,6 +58,7 @@ class PicksOnly:
     def __init__(self, drafter: Proposer):
         self.drafter = drafter
         self.name = f"{drafter.name}-picks"
+        self.sequential = drafter.sequential
 
     def begin(self, tokens: list[int]) -> None:
         self.drafter.begin(tokens)

@@ -161,6 +161,7 @@ class DSparkDrafter:
     (``LlamaTarget.take_hidden``) and injects them at the same positions."""
 
     name = "dspark"
+    sequential = False  # one forward a block
 
     def __init__(self, target: LlamaTarget, draft: LlamaModel, threads: int | None = None,
                  block: int | None = None, top_k: int = 8):

@@ -14,9 +14,8 @@ every GRAM-token gram that has a follower in its document, and the end position 
 for one gram, its occurrences sit side by side, oldest first. It is kept in two runs of that
 layout: the main one and a small recent one that every new document goes into, merged into the
 main run once it holds RECENT_MAX grams (every recent end is past every main one, so the merge is
-the order a single run would have). Inserting into one big run moved all of it for every reply:
-at the 64 MB cap that took 8-19 ms of a reply's end on a 2-core CPU, while every other request of
-a batch waited; now 0.07 ms, and a merge about 23 ms once in some 680 replies. A lookup hashes the
+the order a single run would have), so adding a reply moves the small run only (ARCHITECTURE.md,
+section 5: the two runs). A lookup hashes the
 context's last GRAM tokens (a binary search in each run), checks the newest SCAN occurrences
 token by token (a hash may collide) and extends each match backwards; the longest wins, ties to
 the newest. A chain then reads on along the memory without further lookups.

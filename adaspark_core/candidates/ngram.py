@@ -288,112 +288,150 @@ def fill(cands: list[Candidate], index: SuffixIndex, depth_limit: int, max_alts:
     """
     if depth_limit <= 0:
         return
-    n0 = len(cands)
-    kids: dict[tuple[int, int], int] = {}  # (parent, token) -> candidate index
-    drafted: dict[int, list[int]] = {}  # parent -> its drafter children
-    ng_path: list[int] = []  # n-gram nodes on the path from the anchor to j, j included
-    for j, c in enumerate(cands):
-        kids[(c.parent, c.token)] = j
-        if c.source != NGRAM:
-            drafted.setdefault(c.parent, []).append(j)
-        ng_path.append((0 if c.parent == ANCHOR else ng_path[c.parent]) + (c.source == NGRAM))
-    reached: set[int] = set()  # nodes some chain passed through
-    # Alternatives found so far, sorted by (depth, chain, rank) and capped at max_alts: a step
-    # whose depth and chain sort after the last kept one cannot contribute, so it skips the
-    # follower scan that finding alternatives costs.
-    found: list[tuple] = []
+    _Fill(cands, index, depth_limit, max_alts, memory).run()
 
-    def walk(parent: int, extra: list[int], p: int, length: int, chain_no: int | None,
+
+class _Fill:
+    """One round's fill (``fill``): the candidates so far with lookups by (parent, token), the
+    chains' walks and the alternatives they met."""
+
+    def __init__(self, cands: list[Candidate], index: SuffixIndex, depth_limit: int, max_alts: int,
+                 memory: NgramMemory | None):
+        self.cands, self.index, self.depth_limit, self.max_alts, self.memory = cands, index, depth_limit, max_alts, memory
+        self.n0 = len(cands)
+        self.kids: dict[tuple[int, int], int] = {}  # (parent, token) -> candidate index
+        self.drafted: dict[int, list[int]] = {}  # parent -> its drafter children
+        self.ng_path: list[int] = []  # n-gram nodes on the path from the anchor to j, j included
+        for j, c in enumerate(cands):
+            self.kids[(c.parent, c.token)] = j
+            if c.source != NGRAM:
+                self.drafted.setdefault(c.parent, []).append(j)
+            self.ng_path.append((0 if c.parent == ANCHOR else self.ng_path[c.parent]) + (c.source == NGRAM))
+        self.reached: set[int] = set()  # nodes some chain passed through
+        # Alternatives found so far, sorted by (depth, chain, rank) and capped at max_alts: a step
+        # whose depth and chain sort after the last kept one cannot contribute, so it skips the
+        # follower scan that finding alternatives costs.
+        self.found: list[tuple] = []
+
+    def run(self) -> None:
+        """The anchor's chain, one from each pick no chain passed through, then the alternatives."""
+        cands = self.cands
+        self.walk(ANCHOR, [], -1, 0, 0)
+        chain_no = 0
+        for j in range(self.n0):
+            c = cands[j]
+            if c.source != PICK or j in self.reached or c.depth >= self.depth_limit:
+                continue
+            chain_no += 1
+            self.walk(j, _path_tokens(cands, j), -1, 0, chain_no)
+        for _, _, _, parent, f, akind, aev, ap, alen, extra in self.found:
+            j = self.kids.get((parent, f))
+            if j is not None and cands[j].source == NGRAM:
+                continue  # an earlier alternative chain placed it; its continuation is already there
+            above = self.above(parent)
+            j = self.place(parent, f, akind, aev, above, bucket(akind, aev, above))
+            extra.append(f)
+            if akind == MEMORY:  # read on along the memory from the token placed
+                self.walk(j, extra, -1, 0, None, ap, alen)
+            else:
+                self.walk(j, extra, ap, alen, None)
+
+    def above(self, parent: int) -> int:
+        return 0 if parent == ANCHOR else self.ng_path[parent]
+
+    def walk(self, parent: int, extra: list[int], p: int, length: int, chain_no: int | None,
              mp: int = -1, mlen: int = 0) -> None:
         """Follow one chain from ``parent``; ``chain_no`` None: an alternative chain. ``mp``,
         ``mlen``: reading the memory (the position of the last token read, the match length)."""
+        cands = self.cands
         depth = start = 0 if parent == ANCHOR else cands[parent].depth
-        limit = depth_limit if chain_no is not None else min(depth_limit, depth + ALT_DEPTH - 1)
+        limit = self.depth_limit if chain_no is not None else min(self.depth_limit, depth + ALT_DEPTH - 1)
         while depth < limit:
             if mp >= 0:
-                t = memory.read_on(mp)
+                t = self.memory.read_on(mp)
                 if t is None:
                     return
                 mp, mlen = mp + 1, mlen + 1
                 prop = (t, MEMORY, mlen, -1, 0, ())
             else:
-                key = (depth + 1, chain_no)
-                want = chain_no is not None and max_alts > 0 and (
-                    len(found) < max_alts or key < found[-1][:2]
-                )
-                prop = index.step(extra, p, length, alts=want)
-                if memory is not None and (prop is None or prop[1] in _FOLLOW_KINDS):
-                    hit = memory.lookup(index.tail(extra, MAX_MATCH))
-                    if hit is not None:
-                        t, mlen, mp = hit
-                        prop = (t, MEMORY, mlen, -1, 0, ())
-                elif memory is not None and want and depth == start:
-                    # A main chain's first step copies the request's own text: where the memory
-                    # goes on differently, its chain becomes a sibling (after the own alternatives).
-                    hit = memory.lookup(index.tail(extra, MAX_MATCH))
-                    if hit is not None and hit[0] != prop[0]:
-                        prop = (*prop[:5], [*prop[5], (hit[0], MEMORY, hit[1], hit[2], hit[1])])
-            if prop is None:
-                return
+                prop = self.propose(extra, p, length, depth, start, chain_no)
+                if prop is None:
+                    return
+                if prop[1] == MEMORY:  # a memory match: the chain reads on along it from here
+                    mlen, mp = prop[2], prop[3]
+                    prop = (*prop[:3], -1, 0, ())
             t, kind, ev, p, length, others = prop
-            above = 0 if parent == ANCHOR else ng_path[parent]
+            above = self.above(parent)
             b = bucket(kind, ev, above)
-            for d in drafted.get(parent, ()):
-                c = cands[d]
-                if c.token != t and not c.agreed and not c.contradicted:
-                    c.contradicted = True
-                    c.kind, c.evidence, c.bucket = kind, ev, b
-            for rank, (f, akind, aev, ap, alen) in enumerate(others):
-                j = kids.get((parent, f))
-                if j is not None and cands[j].source == NGRAM:
-                    continue  # already an n-gram continuation here
-                if any(x[3] == parent and x[4] == f for x in found):
-                    continue
-                found.append((depth + 1, chain_no, rank, parent, f, akind, aev, ap, alen, extra[:]))
-                found.sort(key=lambda x: x[:3])
-                del found[max_alts:]
-            j = place(parent, t, kind, ev, above, b)
-            reached.add(j)
+            self.contradict(parent, t, kind, ev, b)
+            self.note_alternatives(parent, depth, chain_no, others, extra)
+            j = self.place(parent, t, kind, ev, above, b)
+            self.reached.add(j)
             extra.append(t)
             parent = j
             depth += 1
 
-    def place(parent: int, t: int, kind: str, ev: int, above: int, b: str) -> int:
+    def propose(self, extra: list[int], p: int, length: int, depth: int, start: int, chain_no: int | None):
+        """The next step of a chain on the request's own text: (token, kind, evidence, position,
+        length, alternatives), or where the text offers no copy a memory match (token, MEMORY,
+        match length, its position in the memory, 0, no alternatives), or None."""
+        memory, found = self.memory, self.found
+        want = chain_no is not None and self.max_alts > 0 and (
+            len(found) < self.max_alts or (depth + 1, chain_no) < found[-1][:2]
+        )
+        prop = self.index.step(extra, p, length, alts=want)
+        if memory is not None and (prop is None or prop[1] in _FOLLOW_KINDS):
+            hit = memory.lookup(self.index.tail(extra, MAX_MATCH))
+            if hit is not None:
+                t, mlen, mp = hit
+                prop = (t, MEMORY, mlen, mp, 0, ())
+        elif memory is not None and want and depth == start:
+            # A main chain's first step copies the request's own text: where the memory goes on
+            # differently, its chain becomes a sibling (after the own alternatives).
+            hit = memory.lookup(self.index.tail(extra, MAX_MATCH))
+            if hit is not None and hit[0] != prop[0]:
+                prop = (*prop[:5], [*prop[5], (hit[0], MEMORY, hit[1], hit[2], hit[1])])
+        return prop
+
+    def contradict(self, parent: int, t: int, kind: str, ev: int, b: str) -> None:
+        """Every drafter child of ``parent`` with another token than the proposal's is marked
+        contradicted with its features (unless agreed; the first proposal to mark one keeps it)."""
+        cands = self.cands
+        for d in self.drafted.get(parent, ()):
+            c = cands[d]
+            if c.token != t and not c.agreed and not c.contradicted:
+                c.contradicted = True
+                c.kind, c.evidence, c.bucket = kind, ev, b
+
+    def note_alternatives(self, parent: int, depth: int, chain_no: int | None, others, extra: list[int]) -> None:
+        """Keep the step's alternatives among the first ``max_alts`` by (depth, chain, rank)."""
+        found, cands = self.found, self.cands
+        for rank, (f, akind, aev, ap, alen) in enumerate(others):
+            j = self.kids.get((parent, f))
+            if j is not None and cands[j].source == NGRAM:
+                continue  # already an n-gram continuation here
+            if any(x[3] == parent and x[4] == f for x in found):
+                continue
+            found.append((depth + 1, chain_no, rank, parent, f, akind, aev, ap, alen, extra[:]))
+            found.sort(key=lambda x: x[:3])
+            del found[self.max_alts:]
+
+    def place(self, parent: int, t: int, kind: str, ev: int, above: int, b: str) -> int:
         """The child of ``parent`` with token t: an existing one (a drafter candidate is marked
         agreed) or a new n-gram node."""
+        cands, kids = self.cands, self.kids
         j = kids.get((parent, t))
         if j is None:
             cands.append(tree.child_of(cands, parent, t, NGRAM, kind=kind, evidence=ev,
                                        above=above, bucket=b))
             j = len(cands) - 1
             kids[(parent, t)] = j
-            ng_path.append(above + 1)
+            self.ng_path.append(above + 1)
         elif cands[j].source != NGRAM and not cands[j].agreed:
             c = cands[j]
             c.agreed, c.contradicted = True, False
             c.kind, c.evidence, c.bucket = kind, ev, b
         return j
-
-    walk(ANCHOR, [], -1, 0, 0)
-    chain_no = 0
-    for j in range(n0):
-        c = cands[j]
-        if c.source != PICK or j in reached or c.depth >= depth_limit:
-            continue
-        chain_no += 1
-        walk(j, _path_tokens(cands, j), -1, 0, chain_no)
-
-    for _, _, _, parent, f, akind, aev, ap, alen, extra in found:
-        j = kids.get((parent, f))
-        if j is not None and cands[j].source == NGRAM:
-            continue  # an earlier alternative chain placed it; its continuation is already there
-        above = 0 if parent == ANCHOR else ng_path[parent]
-        j = place(parent, f, akind, aev, above, bucket(akind, aev, above))
-        extra.append(f)
-        if akind == MEMORY:  # read on along the memory from the token placed
-            walk(j, extra, -1, 0, None, ap, alen)
-        else:
-            walk(j, extra, ap, alen, None)
 
 
 def _path_tokens(cands: list[Candidate], j: int) -> list[int]:
@@ -438,6 +476,7 @@ class NgramSource:
     and is kept for the next request when this one ends."""
 
     name = "ngram"
+    sequential = False
 
     def __init__(self, max_alts: int, memory: NgramMemory | None = None, remember: bool = True,
                  kept: KeptIndexes | None = None, slot=None):

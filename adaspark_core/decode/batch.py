@@ -36,7 +36,8 @@ from typing import Callable
 
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.tree import Layout
-from adaspark_core.decode.scheduler import Generation, RoundDecision, RoundPlan, decide_round, price_round
+from adaspark_core.decode.generation import Generation, RoundPlan
+from adaspark_core.decode.round import RoundDecision, decide_round, fitted_to, price_round
 from adaspark_core.engine.base import Target, Verified
 from adaspark_core.learn.learned import Learners
 
@@ -64,7 +65,7 @@ def decide_step(plans: list[RoundPlan], arms, learners: Learners | None, cells: 
     policy = learners.policy
     widths = policy.decide_step([(order, big_q) for _, order, big_q in priced], cells, policy.cost.d_now(),
                                 [plan.max_rows for plan in plans])
-    return [RoundDecision(p, order, min(w.width, len(plan.cand_dicts) + 1), w.offered, w.prices, w.measure)
+    return [RoundDecision(p, order, fitted_to(w, len(plan.cand_dicts)))
             for (p, order, _), w, plan in zip(priced, widths, plans)]
 
 
@@ -109,8 +110,7 @@ class Batch:
         if mine and any(g.arm != gen.arm for g in mine):
             raise InputError(f"arm {gen.arm.name} cannot join a batch of arm {mine[0].arm.name}: "
                              "requests decoded together learn with one arm")
-        gen.batched = True
-        gen.begin(defer_prefill=True)
+        gen.begin(batched=True)
         self.active.append(gen)
         self._began.append(gen)
 

@@ -23,7 +23,8 @@ from adaspark_core.base.errors import InputError
 from adaspark_core.base.sampling import Sampling
 from adaspark_core.candidates.memory import NgramMemory
 from adaspark_core.candidates.ngram import KeptIndexes
-from adaspark_core.decode.scheduler import Arm, Generation, Speculation
+from adaspark_core.decode.arms import Arm, Speculation
+from adaspark_core.decode.generation import Generation
 from adaspark_core.engine import simlm
 from adaspark_core.learn.learned import Learners
 from adaspark_core.store.fingerprint import fingerprint, fingerprint_key
@@ -209,7 +210,7 @@ class Runtime:
                     gen.end(finish)
                     break
         finally:
-            rounds.close()  # the reply's last round learns when its generator ends (scheduler.Generation)
+            rounds.close()  # the reply's last round learns when its generator ends (generation.Generation)
         out(utf8.decode(b"", final=True))
         return "".join(parts)
 

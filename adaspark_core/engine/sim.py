@@ -496,7 +496,7 @@ def expected_tokens(params: DraftParams, width: int) -> float:
 
 def rows_verified(params: DraftParams, width: int) -> int:
     """Rows a pinned width actually verifies: every candidate when the block has fewer than
-    width - 1 (scheduler.RoundDecision.chosen), e.g. 57 for a 64-row pin with B = 7, K = 8."""
+    width - 1 (round.RoundDecision.chosen), e.g. 57 for a 64-row pin with B = 7, K = 8."""
     return min(width, 1 + len(tree_shape(params, width - 1)))
 
 

@@ -15,7 +15,7 @@ class Answer:
     widths: dict[str, int] = field(default_factory=dict)
     # [[tokens so far, seconds since the first delta], ...], one entry per streamed delta (client
     # clock), led for our arms by the decode's start, [0, seconds before the first delta]
-    # (scheduler.Stats.trace); None for an arm that cannot tell, whose replies then stay out of
+    # (generation.Stats.trace); None for an arm that cannot tell, whose replies then stay out of
     # the first-N ratio.
     trace: list[list] | None = None
     # The end-of-generation token a stopped reply ended on, where the arm can tell (our arms).

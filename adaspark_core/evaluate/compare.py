@@ -3,7 +3,7 @@
 Every arm answers every turn with its own earlier replies as history, the arms taking turns in an
 order that reverses from one turn to the next (so drift on the machine falls on all of them). A
 reply's decode speed is on the client clock: the tokens after the first delta over the time from
-the first delta to the last. AdaSpark's arms run through the scheduler (``scheduler.Generation``);
+the first delta to the last. AdaSpark's arms run through the scheduler (``generation.Generation``);
 ``pld:N`` is llama-cpp-python's own prompt-lookup decoding (``LlamaPromptLookupDecoding`` with
 ``num_pred_tokens`` N) through its high-level ``Llama`` API, the peer a user of that API has today;
 ``llama:SPEC`` is llama.cpp's own llama-server with its ``--spec-type`` SPEC (adaspark_core/evaluate/peer.py).
@@ -34,7 +34,8 @@ from adaspark_core.base.errors import InputError
 from adaspark_core.base.files import replace
 from adaspark_core.base.sampling import Sampling
 from adaspark_core.candidates.memory import NgramMemory
-from adaspark_core.decode.scheduler import Arm, Generation, parse_arm
+from adaspark_core.decode.arms import Arm, parse_arm
+from adaspark_core.decode.generation import Generation
 from adaspark_core.evaluate.answer import Answer, trace_point
 from adaspark_core.evaluate.peer import LlamaServerArm, draft_model_path
 from adaspark_core.evaluate.testset import Conversation, user_message
@@ -126,24 +127,21 @@ class SchedulerArm:
 
 
 class PromptLookupArm:
-    """llama-cpp-python's prompt-lookup decoding, ``Llama.generate`` with ``LlamaPromptLookupDecoding``
-    (greedy). All pld arms share one ``Llama``; each sets its own draft model before a reply."""
+    """llama-cpp-python's prompt-lookup decoding of ``n`` tokens a step (engine/prompt_lookup.py).
+    All pld arms share one decoder."""
 
-    def __init__(self, n: int, llama, is_eog: Callable[[int], bool]):
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
+    def __init__(self, n: int, decoder, is_eog: Callable[[int], bool]):
         self.name = f"pld:{n}"
-        self.llama = llama
+        self.n = n
+        self.decoder = decoder
         self.is_eog = is_eog
-        self.draft = LlamaPromptLookupDecoding(num_pred_tokens=n)
 
     def answer(self, prompt: list[int], max_tokens: int, request_id: str, clock=time.perf_counter) -> Answer:
-        llm = self.llama
-        llm.draft_model = self.draft
+        dec = self.decoder
         tokens: list[int] = []
         times: list[float] = []
         finish = "length"
-        for tok in llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+        for tok in dec.generate(prompt, self.n):
             if self.is_eog(tok):
                 finish = "stop"
                 break
@@ -151,23 +149,24 @@ class PromptLookupArm:
             times.append(clock())
             if len(tokens) >= max_tokens:
                 break
-            if len(prompt) + len(tokens) >= llm.n_ctx():
+            if len(prompt) + len(tokens) >= dec.n_ctx:
                 finish = "context"
                 break
         tok_s = (len(tokens) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
-        text = llm.detokenize(tokens).decode("utf-8", "replace")
+        text = dec.detokenize(tokens).decode("utf-8", "replace")
         # Llama.generate yields token by token: every token is a delta.
         trace = [trace_point(i + 1, t - times[0]) for i, t in enumerate(times)]
         return Answer(tokens, text, tok_s, finish, trace=trace or None)
 
 
-def make_arms(specs: list[str], target, drafter, llama_factory: Callable[[], object], is_eog: Callable[[int], bool],
+def make_arms(specs: list[str], target, drafter, prompt_lookup: Callable[[], object], is_eog: Callable[[int], bool],
               learners_factory: Callable[[], Learners] = Learners, model_path=None, n_ctx: int | None = None,
               threads: int | None = None, memory_mb: float = 0.0, sampling: Sampling | None = None) -> list:
     """The arms ``specs`` name, in order; ar is always first (the baseline). A ``llama:`` arm is
     llama.cpp's own llama-server (adaspark_core/evaluate/peer.py), run on ``model_path`` with ``n_ctx`` and
     ``threads`` (a ``llama:draft`` arm also on the draft file of ``drafter``, a model drafter);
-    call ``close_arms`` when the run ends. ``memory_mb`` > 0: each learning arm with
+    call ``close_arms`` when the run ends. ``prompt_lookup()`` makes the decoder the ``pld:N`` arms
+    share (engine/prompt_lookup.py), only if one is named. ``memory_mb`` > 0: each learning arm with
     n-gram candidates keeps an n-gram memory of its own replies, of that cap (memory.py).
     ``sampling``: every AdaSpark arm, ar included, samples its replies with it (the same seed, so
     they sample the same text), and llama-server peers with llama.cpp's own sampler at the same
@@ -183,7 +182,7 @@ def make_arms(specs: list[str], target, drafter, llama_factory: Callable[[], obj
     names.insert(0, "ar")
     if len(set(names)) != len(names):
         raise InputError("an arm is named twice")
-    arms, llama = [], None
+    arms, decoder = [], None
     for spec in names:
         if spec.isdigit() and any(n.startswith("llama:") for n in names):  # llama:ngram-mod,8,16 split up
             raise InputError(f"arm {spec!r}: a llama-server arm's sizes go after colons, e.g. llama:ngram-mod:8:16")
@@ -200,8 +199,8 @@ def make_arms(specs: list[str], target, drafter, llama_factory: Callable[[], obj
         if m:
             if int(m.group(1)) < 1:
                 raise InputError(f"arm {spec}: prompt lookup proposes at least one token")
-            llama = llama or llama_factory()
-            arms.append(PromptLookupArm(int(m.group(1)), llama, is_eog))
+            decoder = decoder or prompt_lookup()
+            arms.append(PromptLookupArm(int(m.group(1)), decoder, is_eog))
             continue
         arm = parse_arm(spec)
         if arm.picks_only and drafter is None:

@@ -1,10 +1,8 @@
 """llama.cpp's own ``llama-server`` as a peer arm of ``adaspark compare`` (``llama:SPEC``).
 
-The server is built by ``make peer`` from the llama.cpp that the llama-cpp-python sdist vendors,
-the same commit our engine runs, into ``build/peer/bin/llama-server``; ``ADASPARK_LLAMA_SERVER``
-names another binary. This module owns everything about the server process: the command line a
-spec gives, starting it (lazily, on an arm's first reply), waiting for ``/health``, the request,
-reading the stream and stopping it again.
+The server process (its binary, built by ``make peer``, its command line, start, ``/health`` and
+stop) is engine/llama_server.py's. This module owns the arm: the flags a spec gives, starting its
+server lazily on the arm's first reply, the request, reading the stream and stopping it again.
 
 Arm specs (colons, because ``--arms`` is a comma-separated list):
 
@@ -53,7 +51,7 @@ temperature 0), or at ``compare --temperature`` llama.cpp's sampler at our setti
 accepted while they equal what its sampler draws, lossless as ours). ngram-mod keeps its n-gram table across requests (a server-wide cache, by design),
 so it also finds text of earlier replies, and with ``--repeat`` a reply's own earlier decode.
 
-Timing is on the client clock, exactly as for our arms (``scheduler.Stats``): a reply's decode
+Timing is on the client clock, exactly as for our arms (``generation.Stats``): a reply's decode
 speed is the tokens after the first delta over the time from the first delta that carried tokens
 to the last one; a reply that came as one delta has none. The request streams
 (``stream: true``), and the arrival time of every server-sent event is read here, in the client,
@@ -79,17 +77,10 @@ The Answer's trace has one point per such delta. The server's own timings
 
 from __future__ import annotations
 
-import atexit
 import http.client
 import json
 import math
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,12 +88,11 @@ from typing import Callable, Iterable
 
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.sampling import Sampling
+from adaspark_core.engine import llama_server
+from adaspark_core.engine.llama_server import HOST, LlamaServer, free_port, server_binary
 from adaspark_core.evaluate.answer import Answer, trace_point
 
 PREFIX = "llama:"
-ENV_BINARY = "ADASPARK_LLAMA_SERVER"
-DEFAULT_BINARY = Path(__file__).resolve().parents[2] / "build" / "peer" / "bin" / "llama-server"
-HOST = "127.0.0.1"
 
 DRAFT_KIND = "draft"  # llama:draft:N[:P], the server's --spec-type DRAFT_TYPE on the run's draft model
 DRAFT_TYPE = "draft-simple"
@@ -116,7 +106,6 @@ SPEC_TYPES: dict[str, tuple[str, str] | None] = {
 }
 MAX_SIZE = 1024  # the vendored server refuses sizes above this
 NGRAM_MOD_N_MIN = 48  # the vendored server's default --spec-ngram-mod-n-min
-HEALTH_TIMEOUT_S = 300.0
 REPLY_TIMEOUT_S = 900.0  # per socket read: a long reply on a slow machine still streams within it
 
 
@@ -216,32 +205,12 @@ def draft_model_path(drafter) -> Path | None:
     return Path(drafter.model.path)
 
 
-def draft_args(draft_path, threads: int) -> list[str]:
-    """The draft model's flags: its file, the target's threads (generation and batch) and the CPU
-    (``-ngld 0``). Its context is sized as the target's by the server itself (module doc)."""
-    return ["-md", str(draft_path), "-td", str(threads), "-tbd", str(threads), "-ngld", "0"]
-
-
-def server_binary(path: str | os.PathLike | None = None) -> Path:
-    """The llama-server binary: ``path``, else $ADASPARK_LLAMA_SERVER, else what ``make peer`` builds."""
-    p = Path(path or os.environ.get(ENV_BINARY) or DEFAULT_BINARY)
-    if not (p.is_file() and os.access(p, os.X_OK)):
-        raise InputError(f"no llama-server binary at {p}: run `make peer` (or set {ENV_BINARY})")
-    return p
-
-
 def server_command(binary: Path, spec: PeerSpec, model_path, n_ctx: int, threads: int, port: int,
                    draft_path=None) -> list[str]:
     """The server's command line for one arm; ``draft_path``: the draft model of a ``llama:draft`` arm."""
     if spec.needs_draft != (draft_path is not None):
         raise ValueError(f"{spec.name}: a draft model path goes with, and only with, a llama:draft arm")
-    return [str(binary), "-m", str(model_path), "-c", str(n_ctx), "-t", str(threads), "-tb", str(threads),
-            "-np", "1", "--host", HOST, "--port", str(port), "--no-ui",
-            "-fa", "off",  # as our engine (FLASH_ATTN_NOTE in engine/bindings.py); the draft's context too
-            "--cache-ram", "0", "--no-cache-prompt",  # every reply prefills, as ours do
-            "--temp", "0", "--top-k", "1", "--seed", "0",
-            *(draft_args(draft_path, threads) if draft_path is not None else []),
-            *spec.server_args()]
+    return llama_server.server_command(binary, model_path, n_ctx, threads, port, spec.server_args(), draft_path)
 
 
 def request_body(prompt: list[int], max_tokens: int, stream: bool = True, sampling: Sampling | None = None) -> dict:
@@ -370,86 +339,6 @@ def read_stream(lines: Iterable[bytes], is_eog: Callable[[int], bool], clock=tim
     return out
 
 
-# --- the server process ------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    # Linux: the server gets SIGTERM if this process dies without closing it (a SIGKILL, a crash).
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-class LlamaServer:
-    """One llama-server process; stderr and stdout go to a log file in a temp dir."""
-
-    def __init__(self, cmd: list[str], port: int, name: str):
-        self.cmd, self.port, self.name = cmd, port, name
-        self.dir = Path(tempfile.mkdtemp(prefix="adaspark-peer-"))
-        self.log_path = self.dir / "llama-server.log"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float = HEALTH_TIMEOUT_S, poll_s: float = 0.1) -> None:
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-        atexit.register(self.stop)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise InputError(f"llama-server for {self.name} exited ({self.proc.returncode}) while starting: "
-                                 f"{self.log_tail()}")
-            if self.healthy():
-                return
-            if time.monotonic() > deadline:
-                self.stop()
-                raise InputError(f"llama-server for {self.name} was not ready after {timeout:.0f} s: {self.log_tail()}")
-            time.sleep(poll_s)
-
-    def healthy(self) -> bool:
-        conn = http.client.HTTPConnection(HOST, self.port, timeout=2)
-        try:
-            conn.request("GET", "/health")
-            return conn.getresponse().status == 200  # 503 while the model loads
-        except OSError:
-            return False
-        finally:
-            conn.close()
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, n: int = 3) -> str:
-        """The last ``n`` non-empty log lines, as one line."""
-        try:
-            lines = [ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
-        except OSError:
-            return "(no log)"
-        return " | ".join(lines[-n:]) or "(empty log)"
-
-    def stop(self) -> None:
-        """Terminate, then kill; remove the log dir. Safe to call twice."""
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        atexit.unregister(self.stop)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 class LlamaServerArm:
     """A compare arm answered by llama.cpp's llama-server (module doc). Its server starts on the
     first reply and stops at ``close()``, which the compare command calls when the run ends."""
@@ -483,7 +372,7 @@ class LlamaServerArm:
         if self.server is None or not self.server.alive():
             if self.server is not None:
                 raise InputError(f"llama-server for {self.name} has died: {self.server.log_tail()}")
-            port = _free_port()
+            port = free_port()
             self.server = LlamaServer(self.command(port), port, self.name)
             self.server.start()
         return self.server

@@ -359,17 +359,17 @@ def _losses(views: list[RoundView], widths: list[int], costs: CostTable, w_star:
         rec = v.rec
         w = rec.width
         actual = delta(v, w, len(rec.path))
-        if rec.measure is not None:
+        if rec.decision.measure is not None:
             loss["cold_start"] += actual
             continue
         loss["exploration"] += actual - delta(v, w)
         oracle = _best_for(v, widths, costs, r_star)
-        if not rec.candidates or rec.prices is None or v.model_choice is None:
+        if not rec.candidates or rec.decision.prices is None or v.model_choice is None:
             # A fixed arm's round (or plain decoding): its whole choice against the oracle's.
-            loss["holding" if rec.prices is not None else "cost"] += delta(v, w) - delta(v, oracle)
+            loss["holding" if rec.decision.prices is not None else "cost"] += delta(v, w) - delta(v, oracle)
             loss["adaptivity"] += delta(v, oracle)
             continue
-        prices = dict(zip(rec.offered, rec.prices))
+        prices = rec.decision.prices
         with_truth = _best_for(v, list(prices), costs, r_star, price=prices.get)
         loss["holding"] += delta(v, w) - delta(v, v.model_choice)
         loss["acceptance"] += delta(v, v.model_choice) - delta(v, with_truth)

@@ -2,7 +2,7 @@
 live state; paper Table 2, Figure 10 and Table 7).
 
 A learning arm's rounds are replayed in order, each exactly as the live run did it: the round is
-decided again from the record's own inputs by the live round's code (scheduler.decide_round: the
+decided again from the record's own inputs by the live round's code (round.decide_round: the
 acceptance model prices the candidates from their features, they are ordered, the width policy
 chooses), then the learners learn from the record (Learners.learn). So the learners' final state
 equals the live one, and a re-priced q, a re-ordered tree or a re-decided width that differs from
@@ -43,8 +43,10 @@ from adaspark_core.base import tree
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.tree import NGRAM, PICK
 from adaspark_core.candidates.ngram import MEMORY
+from adaspark_core.decode.arms import Arm, parse_arm
 from adaspark_core.decode.batch import decide_step
-from adaspark_core.decode.scheduler import Arm, RoundDecision, RoundPlan, decide_round, draft_rule, parse_arm
+from adaspark_core.decode.generation import RoundPlan
+from adaspark_core.decode.round import RoundDecision, decide_round, draft_rule
 from adaspark_core.learn.acceptance import FITTED
 from adaspark_core.learn.chooser import expected_sums
 from adaspark_core.learn.learned import Learners
@@ -257,8 +259,8 @@ def _replay(records: Iterable[RoundRecord], learners: Learners, report: Report, 
         if priced:
             req.tree_rounds += 1
             req.fitted_rounds += dec.priced == FITTED
-        if dec.favourite is not None:
-            report.model_choices[(rec.request, rec.round)] = dec.favourite
+        if dec.choice.favourite is not None:
+            report.model_choices[(rec.request, rec.round)] = dec.choice.favourite
         # Learned from the priced copies: the acceptance model reuses the estimate it just made for
         # exactly these dicts (as the live round does) instead of pricing the round again.
         score = regime.learn(dataclasses.replace(rec, candidates=priced))
@@ -511,7 +513,7 @@ def _max_rows(rec: RoundRecord, arm: Arm) -> int:
     arm's verified width (the record does not say whether the context capped it, so its width is
     not checked, only its order)."""
     if arm.adaptive:
-        return max(rec.offered) if rec.offered else 1
+        return max(rec.decision.offered, default=1)
     return rec.width
 
 
@@ -523,14 +525,15 @@ def _check(rec: RoundRecord, priced: list[dict], dec: RoundDecision) -> None:
         raise ReplayMismatch(f"{where}: replay priced the candidates differently ({dec.priced}; the log has {rec.priced})")
     if dec.order != rec.order:
         raise ReplayMismatch(f"{where}: replay ordered the candidates differently")
-    if dec.width != rec.width or dec.measure != rec.measure:
-        raise ReplayMismatch(f"{where}: replay chose width {dec.width} (measuring {dec.measure}); the log has "
-                             f"{rec.width} (measuring {rec.measure})")
+    ours, logged = dec.choice, rec.decision
+    if ours.width != logged.width or ours.measure != logged.measure:
+        raise ReplayMismatch(f"{where}: replay chose width {ours.width} (measuring {ours.measure}); the log has "
+                             f"{logged.width} (measuring {logged.measure})")
 
 
 def _check_depth(rec: RoundRecord, learners: Learners) -> None:
     """ReplayMismatch unless the depth learner, asked again before each forward of the round's
-    draft (scheduler.draft_rule, from the picks' h in the record), drafts as deep as the run did:
+    draft (round.draft_rule, from the picks' h in the record), drafts as deep as the run did:
     on at every position it drafted, off at the one it stopped before (if the block's limit did
     not stop it). Where an end token cut the draft's last picks, only the positions before it."""
     dr = rec.drafting
@@ -550,7 +553,8 @@ def _check_depth(rec: RoundRecord, learners: Learners) -> None:
 def expected_accepted(rec: RoundRecord) -> float | None:
     """S of the verified tree under the round's q (Eq. 1), for a round whose width the chooser set
     from S (an adaptive arm past cold start); None for any other round (Figure 10's rule)."""
-    if not rec.candidates or rec.prices is None or rec.measure is not None or not _arm(rec).adaptive:
+    dec = rec.decision
+    if not rec.candidates or dec.prices is None or dec.measure is not None or not _arm(rec).adaptive:
         return None
     cands = rec.candidates
     big_q = tree.products([c["parent"] for c in cands], [c["q"] for c in cands])
@@ -579,7 +583,7 @@ def _observe(report: Report, rec: RoundRecord, arm, chooser, d_ms: float) -> Non
         zeroed = [{**c, "q": q} for c, q in zip(cands, zq)]
         zbig = tree.products([c["parent"] for c in cands], zq)
         zorder = tree.best_first(zbig)
-        prices = dict(zip(rec.offered, rec.prices))
+        prices = rec.decision.prices
         ahead = chooser.lookahead(zeroed, zorder, prices, d_ms, rec.context)
         without, _ = chooser.choose(prices, expected_sums(zeroed, zorder, zbig), d_ms, rec.context, ahead)
         report.widened += rec.width > without

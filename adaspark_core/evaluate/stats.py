@@ -1,12 +1,8 @@
 """Statistics of ``adaspark compare`` (paper §4.1, Appendix A; Tables 3, 4, 6, 8, 10, Figure 8).
 Pure functions over reply records; nothing here prints, times or runs a model.
 
-A reply record is a plain dict, one per (arm, conversation, turn, reply)::
-
-    {"arm": "adaspark", "source": "specbench", "conversation": "specbench/writing-0", "turn": 0,
-     "reply": 0, "tok_s": 93.1 | None, "tokens": 120, "capped": False, "context": 812,
-     "same_text_as_baseline": True | False | None, "widths": {"1": 30, "8": 12}, "finish": "stop",
-     "trace": [[3, 0.0], [5, 0.021], ...] | None}   # optional: see "first-N ratio" below
+A reply record (``Reply``) is a plain dict, one per (arm, conversation, turn, reply); every dict
+shape here is a typed record below.
 
 Rules (paper §4.1 and Appendix A):
 
@@ -54,64 +50,6 @@ cap, and the paper's rule leaves nearly all of them out; this ratio uses them, o
 * The headline of a summary is the ratio that uses more replies over the baseline, summed over
   arms (``first_n`` on ties, and normally: it includes what the other leaves out).
 
-``compare_first_n()`` result (``FirstN``)::
-
-    {"ratio": 1.23 | None, "lo": float | None, "hi": float | None,
-     "replies": int,        # pairs used
-     "conversations": int,  # conversations with a used pair
-     "paired": int,         # pairs found (used + no_interval + untraced)
-     "capped_used": int,    # used pairs in which either reply reached the cap
-     "no_interval": int, "untraced": int, "unpaired": int,
-     "mean_n": float | None}  # mean N over the used pairs
-
-``compare()`` result (``Result``), JSON-ready (floats or None, ints)::
-
-    {"ratio": 1.23 | None, "lo": 1.10 | None, "hi": 1.38 | None,
-     "replies": int,        # pairs used in the ratio
-     "conversations": int,  # conversations with a used pair (the bootstrap's units)
-     "paired": int,         # pairs found (used + capped + null)
-     "capped": int, "null": int, "unpaired": int,
-     "text_differs": int, "text_compared": int,                        # all paired replies
-     "first_turn_text_differs": int, "first_turn_text_compared": int}  # turn == 0 only
-
-``summarize()`` shape (every key always present; a part whose arms are missing is None)::
-
-    {"baseline": "ar", "arms": [...],            # arms asked for and present, in the order given
-     "sources": [...],                           # in order of first appearance in the records
-     "bands": ["<2048", ">=2048"], "band_by": "prompt" | "midpoint",
-     "resamples": 2000, "seed": 0,
-     "looped": {arm: int},                       # replies of the arm that reached the cap
-     "looped_any": int,                          # (conversation, turn, reply) capped in any arm
-     "speed": {arm: {"overall": tok/s | None, "by_source": {source: tok/s | None}}},
-     "vs_baseline": {arm: {"overall": Result, "by_source": {source: Result},
-                           "by_band": {band: Result}}},          # every arm but the baseline
-     "widths": {arm: {"overall": Hist, "by_source": {source: Hist}}},  # arms with any widths
-     "pinned": None | {
-         "arms": ["pinned:8", ...],
-         "by_band": {"all" | band: {
-             "best": "pinned:16" | None,          # highest ratio over the baseline in that band
-             "best_over_baseline": Result | None,
-             "adaspark_over_best": Result | None, # None without an "adaspark" arm
-             "over_adaspark": {pinned arm: Result}}}},  # Table 3's columns; {} without adaspark
-     "pld": None | {
-         "arms": ["pld:2", ...],
-         "best": "pld:3" | None,                  # best overall ratio over the baseline
-         "best_over_baseline": Result | None,
-         "adaspark_over_best": None | {"overall": Result, "by_source": {source: Result}}},
-     "best_fixed": None | {                      # adaspark over the best arm of fixed width
-         "arms": ["chain:3", "pld:3", ...],       # every fixed arm present: chain:N, pinned:N,
-                                                  # tree:N, pld:N, block-chain, llama:...
-         "best": "pinned:8" | None,               # best overall ratio over the baseline
-         "best_over_baseline": Result | None,
-         "adaspark_over_best": None | {"overall": Result, "by_source": {source: Result},
-                                       "by_band": {band: Result}}},
-     "first_n": {"vs_baseline": ..., "pinned": ..., "pld": ..., "best_fixed": ...},
-         # the same four parts on the first-N ratio, each Result a FirstN; best arms chosen on it
-     "headline": "first_n" | "uncapped"}         # which of the two the report leads with
-
-    Hist = {"rounds": int, "replies": int, "capped_excluded": int,
-            "counts": {"8": int, ...}, "share": {"8": float, ...}}   # keys in numeric order
-
 ``pinned`` needs the baseline and at least one ``pinned:*`` arm; ``pld`` the baseline and a
 ``pld:*`` arm; ``best_fixed`` the baseline and a fixed arm. Best-arm ties go to the earlier arm in
 ``arms``. ``adaspark_over_best`` needs an ``adaspark`` arm.
@@ -121,13 +59,126 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, TypedDict
 
 import numpy as np
 
 BANDS = ("<2048", ">=2048")
 BAND_SPLIT = 2048
 ALL = "all"
+
+
+# ---------------------------------------------------------------------------------------------
+# The records: JSON-ready dicts (floats or None, ints), typed
+
+
+class Reply(TypedDict, total=False):
+    """One reply of one arm, as ``compare`` records it."""
+
+    arm: str
+    source: str  # e.g. "specbench"
+    conversation: str  # e.g. "specbench/writing-0"
+    turn: int
+    reply: int
+    tok_s: float | None  # None: a single-delta reply, no client-clock interval
+    tokens: int
+    capped: bool
+    context: int  # prompt tokens
+    same_text_as_baseline: bool | None
+    widths: dict[str, int]  # verified rows -> rounds
+    finish: str
+    trace: list | None  # [[tokens so far, seconds since the first delta], ...]: the first-N ratio
+
+
+class Result(TypedDict):
+    """``compare()``: the paper's ratio of one arm over another."""
+
+    ratio: float | None
+    lo: float | None
+    hi: float | None
+    replies: int  # pairs used in the ratio
+    conversations: int  # conversations with a used pair (the bootstrap's units)
+    paired: int  # pairs found (used + capped + null)
+    capped: int
+    null: int
+    unpaired: int
+    text_differs: int  # of all paired replies
+    text_compared: int
+    first_turn_text_differs: int  # turn 0 only
+    first_turn_text_compared: int
+
+
+class FirstN(TypedDict):
+    """``compare_first_n()``: the first-N ratio of one arm over another."""
+
+    ratio: float | None
+    lo: float | None
+    hi: float | None
+    replies: int  # pairs used
+    conversations: int  # conversations with a used pair
+    paired: int  # pairs found (used + no_interval + untraced)
+    capped_used: int  # used pairs in which either reply reached the cap
+    no_interval: int
+    untraced: int
+    unpaired: int
+    mean_n: float | None  # mean N over the used pairs
+
+
+class Hist(TypedDict):
+    """Figure 8 for one arm (and source): verified widths as shares of its rounds."""
+
+    rounds: int
+    replies: int
+    capped_excluded: int
+    counts: dict[str, int]  # width -> rounds, keys in numeric order
+    share: dict[str, float]
+
+
+class PinnedBand(TypedDict):
+    best: str | None  # highest ratio over the baseline in that band
+    best_over_baseline: Result | None
+    adaspark_over_best: Result | None  # None without an "adaspark" arm
+    over_adaspark: dict[str, Result]  # pinned arm -> Table 3's column; {} without adaspark
+
+
+class Pinned(TypedDict):
+    """Table 3: the pinned arms, by band ("all" or a band)."""
+
+    arms: list[str]
+    by_band: dict[str, PinnedBand]
+
+
+class BestOf(TypedDict):
+    """AdaSpark over the best arm of a family: ``pld`` (pld:N arms) or ``best_fixed`` (every arm
+    of fixed width: chain:N, pinned:N, tree:N, pld:N, block-chain, llama:...)."""
+
+    arms: list[str]
+    best: str | None  # best overall ratio over the baseline
+    best_over_baseline: Result | None
+    adaspark_over_best: dict | None  # {"overall": Result, "by_source": {...}} (best_fixed: "by_band" too)
+
+
+class Summary(TypedDict):
+    """``summarize()``: every key always present; a part whose arms are missing is None. Under
+    ``first_n`` the same four parts on the first-N ratio, each Result a FirstN, best arms chosen on it."""
+
+    baseline: str
+    arms: list[str]  # asked for and present, in the order given
+    sources: list[str]  # in order of first appearance in the records
+    bands: list[str]
+    band_by: str  # "prompt" | "midpoint"
+    resamples: int
+    seed: int
+    looped: dict[str, int]  # replies of the arm that reached the cap
+    looped_any: int  # (conversation, turn, reply) capped in any arm
+    speed: dict[str, dict]  # arm -> {"overall": tok/s | None, "by_source": {source: tok/s | None}}
+    vs_baseline: dict[str, dict]  # arm -> {"overall": Result, "by_source": {..}, "by_band": {..}}
+    widths: dict[str, dict]  # arm -> {"overall": Hist, "by_source": {source: Hist}}
+    pinned: Pinned | None
+    pld: BestOf | None
+    best_fixed: BestOf | None
+    first_n: dict  # {"vs_baseline": ..., "pinned": ..., "pld": ..., "best_fixed": ...}
+    headline: str  # "first_n" | "uncapped": which of the two the report leads with
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,7 +281,7 @@ def bootstrap_geomean(conversations: list, log_ratios: list[float], resamples: i
 
 
 def _result(rows: list[dict], pairs: list[tuple[dict, dict]], capped: int, null: int, unpaired: int,
-            resamples: int, seed: int) -> dict:
+            resamples: int, seed: int) -> Result:
     logs = [math.log(r["ratio"]) for r in rows]
     convs = [r["conversation"] for r in rows]
     point = float(math.exp(sum(logs) / len(logs))) if logs else None
@@ -250,7 +301,7 @@ def _result(rows: list[dict], pairs: list[tuple[dict, dict]], capped: int, null:
 
 def compare(replies: list[dict], arm: str, base: str, resamples: int = 2000, seed: int = 0,
             key: Optional[Callable[[dict], str]] = None) -> dict:
-    """``arm`` over ``base``: a Result (module docstring) over all replies pooled, or with ``key``
+    """``arm`` over ``base``: a Result over all replies pooled, or with ``key``
     (a function of the arm's record) ``{group: Result}`` in order of first appearance. ``unpaired``
     is only counted in the pooled result (a missing reply has no group)."""
     rr = ratio_rows(replies, arm, base)
@@ -327,7 +378,7 @@ def first_n_rows(replies: list[dict], arm: str, base: str) -> dict:
 
 
 def _result_first_n(rows: list[dict], paired: int, no_interval: int, untraced: int, unpaired: int,
-                    resamples: int, seed: int) -> dict:
+                    resamples: int, seed: int) -> FirstN:
     logs = [math.log(r["ratio"]) for r in rows]
     convs = [r["conversation"] for r in rows]
     point = float(math.exp(sum(logs) / len(logs))) if logs else None
@@ -340,7 +391,7 @@ def _result_first_n(rows: list[dict], paired: int, no_interval: int, untraced: i
 
 def compare_first_n(replies: list[dict], arm: str, base: str, resamples: int = 2000, seed: int = 0,
                     key: Optional[Callable[[dict], str]] = None) -> dict:
-    """``arm`` over ``base`` on the first-N ratio: a FirstN (module docstring) over all replies
+    """``arm`` over ``base`` on the first-N ratio: a FirstN over all replies
     pooled, or with ``key`` ``{group: FirstN}`` in order of first appearance, as ``compare``."""
     fr = first_n_rows(replies, arm, base)
     if key is None:
@@ -375,8 +426,8 @@ def arm_speed(replies: list[dict], arm: str) -> Optional[float]:
 
 
 def widths_histogram(replies: list[dict], arm: str, exclude_capped: bool = True) -> dict:
-    """Figure 8 for one arm: ``{"overall": Hist, "by_source": {source: Hist}}`` (Hist in the module
-    docstring); ``share`` is a width's rounds over all the arm's rounds."""
+    """Figure 8 for one arm: ``{"overall": Hist, "by_source": {source: Hist}}``; ``share`` is a
+    width's rounds over all the arm's rounds."""
     overall: dict = defaultdict(int)
     per: dict = {}
     meta = {ALL: [0, 0]}  # replies counted, capped excluded
@@ -445,8 +496,8 @@ def _best(results: dict) -> Optional[str]:
 
 
 def summarize(replies: list[dict], arms: list[str], baseline: str = "ar", resamples: int = 2000, seed: int = 0,
-              band_by: str = "prompt") -> dict:
-    """Everything ``adaspark compare`` reports, JSON-ready; the shape is in the module docstring."""
+              band_by: str = "prompt") -> Summary:
+    """Everything ``adaspark compare`` reports, JSON-ready: a Summary."""
     replies = list(replies)
     present = set(r["arm"] for r in replies)
     arms = [a for a in _ordered(arms) if a in present]
@@ -546,13 +597,13 @@ def _comparisons(replies: list[dict], arms: list[str], baseline: str, sources: l
     return vs, pinned, pld, best_fixed
 
 
-def _empty() -> dict:
+def _empty() -> Result:
     return {"ratio": None, "lo": None, "hi": None, "replies": 0, "conversations": 0, "paired": 0, "capped": 0,
             "null": 0, "unpaired": 0, "text_differs": 0, "text_compared": 0, "first_turn_text_differs": 0,
             "first_turn_text_compared": 0}
 
 
-def _empty_first_n() -> dict:
+def _empty_first_n() -> FirstN:
     return {"ratio": None, "lo": None, "hi": None, "replies": 0, "conversations": 0, "paired": 0, "capped_used": 0,
             "no_interval": 0, "untraced": 0, "unpaired": 0, "mean_n": None}
 

@@ -28,7 +28,8 @@ import orjson
 
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.files import open_regular
-from adaspark_core.decode.scheduler import Generation, parse_arm
+from adaspark_core.decode.arms import parse_arm
+from adaspark_core.decode.generation import Generation
 from adaspark_core.engine.sim import Interference, SimTarget, VirtualClock
 from adaspark_core.evaluate.regret import CostTable
 from adaspark_core.evaluate.testset import first_halves

@@ -246,12 +246,6 @@ class AcceptanceModel:
         """The next estimates and learning are for ``request`` (begun with ``start_request``)."""
         self.fit = self._fits[request]
 
-    def end_request(self, request: str) -> None:
-        """``request`` ended: what it still waits for is labelled by its text so far; its fit goes."""
-        fit = self._fits.pop(request, None)
-        if fit is not None:
-            self._resolve(everything=True, fit=fit)
-
     # --- est ---
 
     @property

@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from adaspark_core.base.checks import VERSION_FIELD, count, int_key, mapping, section
+from adaspark_core.base.decision import WidthDecision
 from adaspark_core.base.tree import ANCHOR, MAX_CHAIN_DEPTH, MAX_WIDTH, products
 from adaspark_core.learn.cost import MAX_BAND, CostModel, CostParams, band_of
 from adaspark_core.learn.online import Decayed
@@ -266,15 +267,6 @@ class Chooser:
         return ch
 
 
-@dataclass(slots=True)
-class Decision:
-    width: int
-    offered: list[int]
-    prices: list[float] | None
-    measure: int | None  # the width a cold-start round measures
-    favourite: int | None = None  # the chooser's own best width (Chooser.choose), when it chose
-
-
 @dataclass
 class WidthParams:
     cost: CostParams = field(default_factory=CostParams)
@@ -291,7 +283,7 @@ class AdaptiveWidth:
         self.chooser = chooser or Chooser()
 
     def decide(self, cands: list[dict], order: list[int], context: int, d_ms: float, max_rows: int,
-               big_q: list[float] | None = None) -> Decision:
+               big_q: list[float] | None = None) -> WidthDecision:
         """The width to verify this round. ``big_q``: the candidates' path products, when the
         caller has them (the scheduler does; replay recomputes them from the record)."""
         offered = [w for w in self.cost.widths if w <= max_rows] or [1]
@@ -299,24 +291,24 @@ class AdaptiveWidth:
             # Nothing was proposed: the round is plain decoding whatever the width (and measures
             # width 1 if the table has it), and it says nothing about which width to hold, so the
             # incumbent, its hold count and the split test are left as they are.
-            return Decision(1, offered, None, None)
+            return WidthDecision.unpriced(1, offered)
         prices = {w: t for w, t in self.cost.prices(context).items() if w <= max_rows}
         s = expected_sums(cands, order, big_q)
         ahead = self.chooser.lookahead(cands, order, prices, d_ms, context)
         measure = self._worth_measuring(prices, s, ahead, len(cands) + 1, d_ms, context, max_rows)
         if measure is not None:
-            return Decision(measure, offered, None, measure)
+            return WidthDecision.unpriced(measure, offered, measure)
         if not prices:
-            return Decision(1, offered, None, None)
+            return WidthDecision.unpriced(1, offered)
         width, favourite = self.chooser.choose(prices, s, d_ms, context, ahead)
         if self.chooser.held >= self.chooser.p.hold_before_split:
             passes = self.chooser.split_test(prices, lambda w: self.cost.class_price(w, context), s, d_ms, context, ahead)
             if self.cost.split(width, context, passes) is not None:
                 self.chooser.held = 0
-        return Decision(width, list(prices), list(prices.values()), None, favourite)
+        return WidthDecision(width, dict(prices), None, favourite)
 
     def decide_step(self, rounds: list[tuple[list[int], list[float]]], cells: int, d_ms: float,
-                    max_rows: list[int]) -> list[Decision]:
+                    max_rows: list[int]) -> list[WidthDecision]:
         """The widths of the requests of one step, verified together (decode/batch.py), from each
         request's (best-first order, path products Q) and its most rows.
 
@@ -362,8 +354,8 @@ class AdaptiveWidth:
         for _, i, _ in gains[: total - n]:
             widths[i] += 1
         if measure is not None or best is None:
-            return [Decision(w, offered, None, measure) for w in widths]
-        return [Decision(w, list(prices), list(prices.values()), None) for w in widths]
+            return [WidthDecision.unpriced(w, offered, measure) for w in widths]
+        return [WidthDecision(w, dict(prices)) for w in widths]
 
     def _worth_measuring(self, prices: dict[int, float], s: list[float], ahead: Lookahead | None, fill: int,
                          d_ms: float, context: int, max_rows: int) -> int | None:

@@ -14,8 +14,9 @@ from typing import Callable, Iterable
 from adaspark_core.base.errors import OutputError
 from adaspark_core.base.sampling import Sampling
 from adaspark_core.decode.batch import Batch
+from adaspark_core.decode.generation import Generation, Stats
+from adaspark_core.decode.round import INTERRUPTED, STOP
 from adaspark_core.decode.runtime import Runtime
-from adaspark_core.decode.scheduler import INTERRUPTED, STOP, Generation, Stats
 
 
 class StopStrings:

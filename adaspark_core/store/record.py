@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 import orjson
 
 from adaspark_core.base.checks import LIMIT
+from adaspark_core.base.decision import WidthDecision
 from adaspark_core.base.errors import InputError, OutputError
 from adaspark_core.base.files import open_log, open_regular
 from adaspark_core.base.sampling import SEED_RANGE
@@ -82,16 +83,13 @@ class RoundRecord:
     anchor: int  # the anchor's token
     candidates: list[dict]  # Candidate.to_dict() of every proposed candidate, placed or not
     order: list[int]  # best-first order of candidate indices (Proposition 1)
-    offered: list[int]  # widths the arm offered
-    prices: list[float] | None  # the arm's price (ms) per offered width, when it has one
-    width: int  # rows verified (the anchor included)
+    decision: WidthDecision  # the rows verified (the anchor included), the widths offered, their prices
     rows: list[int]  # candidate index per verified row, -1 for the anchor, depth-first
     argmax: list[int]  # the target's argmax per verified row (sampled: its draw, -1 where not drawn)
     path: list[int]  # accepted candidate indices, from the anchor down
     bonus: int  # the target's argmax (sampled: draw) at the deepest accepted row
     emitted: list[int]  # tokens this round added to the reply (after stop truncation)
     times: Timing
-    measure: int | None = None  # the width a cold-start round measures (adaptive arms)
     p_src: float | None = None  # the n-gram source's top-1 precision on the committed text
     priced: str | None = None  # which acceptance estimate priced the candidates: fitted or head
     explored: bool = False  # the last row went to an exploring n-gram node (logs before hindsight labels)
@@ -120,18 +118,26 @@ class RoundRecord:
     drafting: dict | None = None
     schema: int = field(default=SCHEMA)
 
+    @property
+    def width(self) -> int:
+        """Rows verified, the anchor's included."""
+        return self.decision.width
+
     def as_step(self) -> "RoundRecord":
         """The step this record leads, as one round of all its rows over all its cells: what the
         verify-cost model learns from (its time is the step's)."""
         s = self.step
-        return replace(self, width=s["rows"], context=s["cells"], first=False, last=s["last"],
-                       times=replace(self.times, draft=s["draft"]))
+        return replace(self, decision=replace(self.decision, width=s["rows"]), context=s["cells"], first=False,
+                       last=s["last"], times=replace(self.times, draft=s["draft"]))
 
     def to_json(self) -> dict:
         """A shallow dict for orjson: the record's own lists and dicts are shared, not copied
         (``dataclasses.asdict`` deep-copies every candidate, too slow per round: ARCHITECTURE.md,
-        section 5)."""
-        d = {f: getattr(self, f) for f in _RECORD_FIELDS}
+        section 5). The decision is the line's ``width``, ``offered``, ``prices`` and ``measure``."""
+        dec = self.decision
+        offered, prices = dec.columns()
+        decided = {"offered": offered, "prices": prices, "width": dec.width, "measure": dec.measure}
+        d = {f: decided[f] if f in decided else getattr(self, f) for f in LINE_FIELDS}
         d["times"] = {**{f: getattr(self.times, f) for f in _TIMING_FIELDS}, "total": self.times.total}
         return d
 
@@ -146,9 +152,16 @@ class RoundRecord:
         return _record(d)
 
 
-_RECORD_FIELDS = [f.name for f in fields(RoundRecord)]
+# A line's fields, in the order they are written: the record's, its decision's four in their place.
+LINE_FIELDS = ["request", "round", "context", "arm", "anchor", "candidates", "order", "offered", "prices", "width",
+               "rows", "argmax", "path", "bonus", "emitted", "times", "measure", "p_src", "priced", "explored",
+               "first", "last", "finish", "sampling", "step", "drafting", "schema"]
+_DECISION_FIELDS = ("width", "offered", "prices", "measure")
+assert set(LINE_FIELDS) == {f.name for f in fields(RoundRecord)} - {"decision"} | set(_DECISION_FIELDS)
 _TIMING_FIELDS = [f.name for f in fields(Timing)]
-_DEFAULTS = {f.name: f.default for f in fields(RoundRecord) if f.default is not MISSING and f.name != "schema"}
+# The first writers left out the fields they did not have yet: an older line reads with these.
+_DEFAULTS = {**{f.name: f.default for f in fields(RoundRecord) if f.default is not MISSING and f.name != "schema"},
+             "measure": None}
 
 
 def upgrade(d: dict) -> dict:
@@ -171,7 +184,8 @@ def _record(d: dict) -> RoundRecord:
     check(d)
     t = d.pop("times")
     t.pop("total", None)
-    return RoundRecord(times=Timing(**t), **d)
+    decision = WidthDecision.logged(d.pop("width"), d.pop("offered"), d.pop("prices"), d.pop("measure"))
+    return RoundRecord(times=Timing(**t), decision=decision, **d)
 
 
 # --- what a line may hold (RoundRecord.from_json, read_log) ----------------------------------------
@@ -388,12 +402,12 @@ _RECORD = _Object({
     "finish": _text(null=True), "sampling": _SAMPLING, "step": _STEP, "drafting": _DRAFTING,
     "schema": _int(SCHEMA, SCHEMA),
 })
-assert set(_RECORD.known) == set(_RECORD_FIELDS) and set(_TIMES.known) == set(_TIMING_FIELDS)
+assert set(_RECORD.known) == set(LINE_FIELDS) and set(_TIMES.known) == set(_TIMING_FIELDS)
 
 
 def check(d: dict) -> None:
     """ValueError unless ``d`` (a line upgraded to the current schema) is a record the writer
-    could have written (scheduler.Generation._record, batch.Batch.step), so that every reader can
+    could have written (generation.Generation._record, batch.Batch.step), so that every reader can
     index one field by another: each field's type and range; the candidates a tree (each parent
     an earlier candidate or the anchor, its depth one below); ``order`` every candidate, parents
     first (Proposition 1); ``rows`` the anchor and the first width - 1 of the order, depth first;

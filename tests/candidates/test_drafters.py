@@ -12,7 +12,8 @@ from adaspark_core.base import tree
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.tree import ANCHOR, PICK, SIBLING
 from adaspark_core.candidates.drafters import block, check_same_vocab, top_k
-from adaspark_core.decode.scheduler import Generation, parse_arm
+from adaspark_core.decode.arms import parse_arm
+from adaspark_core.decode.generation import Generation
 
 
 def test_top_k_and_the_block_shape():

@@ -12,7 +12,8 @@ from conftest import ROOT, prompt_tokens
 from helpers import adaspark, assert_one_error_line, decode_checked
 
 from adaspark_core.base.tree import ANCHOR, PICK, SIBLING
-from adaspark_core.decode.scheduler import Generation, parse_arm
+from adaspark_core.decode.arms import parse_arm
+from adaspark_core.decode.generation import Generation
 
 pytestmark = pytest.mark.model
 

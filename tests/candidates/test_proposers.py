@@ -1,4 +1,4 @@
-"""The proposer contract (candidates/base.py) and the round split (decode/scheduler.py): every
+"""The proposer contract (candidates/base.py) and the round split (decode/generation.py): every
 candidate source begins, proposes, accepts and ends the same way, and a round is ``plan``, one
 verify, ``complete``, so verifies could be shared between requests."""
 
@@ -10,8 +10,9 @@ from adaspark_core.base.tree import ANCHOR, NGRAM, PICK, Candidate, append_propo
 from adaspark_core.candidates.base import PicksOnly, propose_round
 from adaspark_core.candidates.memory import NgramMemory
 from adaspark_core.candidates.ngram import NgramSource
+from adaspark_core.decode.arms import parse_arm
+from adaspark_core.decode.generation import Generation
 from adaspark_core.decode.runtime import open_model
-from adaspark_core.decode.scheduler import Generation, parse_arm
 from adaspark_core.engine.sim import make_sim
 
 CONTRACT = ("begin", "propose", "accept", "end")

@@ -80,12 +80,12 @@ def test_the_adaspark_arm_learns_into_its_store_and_a_restart_skips_the_cold_sta
     assert first.returncode == 0, first.stderr
     saved = orjson.loads(store.read_bytes())
     assert saved["counts"]["requests"] == 1 and "width" in saved["sections"]
-    assert any(r.measure for r in read_log(log1))  # an empty store starts by measuring widths
+    assert any(r.decision.measure for r in read_log(log1))  # an empty store starts by measuring widths
     learned = {int(w) for w, k in saved["sections"]["width"]["cost"]["classes"].items() if k["count"] >= 3}
     second = adaspark("decode", PROMPTS / "rewrite.txt", "--model", SIM, "-n", 60, "--store", store, "--log", log2, "--json")
     assert second.returncode == 0, second.stderr
     # no learned width is measured again (a split made at the end of the first run may still be)
-    assert learned and not {r.measure for r in read_log(log2)} & learned
+    assert learned and not {r.decision.measure for r in read_log(log2)} & learned
     saved = orjson.loads(store.read_bytes())
     assert saved["counts"]["requests"] == 2 and saved["sections"]["acceptance"]["requests"] == 2
     # Replaying both logs through fresh learners reproduces exactly what the store holds.

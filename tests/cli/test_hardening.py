@@ -12,6 +12,7 @@ import pytest
 from conftest import PROMPTS, ROOT, SIM
 from helpers import adaspark, assert_one_error_line
 
+from adaspark_core.base.decision import WidthDecision
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.files import replace
 from adaspark_core.candidates.memory import CHECKSUM_BYTES
@@ -131,7 +132,7 @@ def test_two_servers_on_one_store_one_refused_and_every_request_counted(tmp_path
 
 def record(i: int) -> RoundRecord:
     return RoundRecord(request="r", round=i, context=10 + i, arm="ar", anchor=1, candidates=[], order=[],
-                       offered=[1], prices=None, width=1, rows=[-1], argmax=[2], path=[], bonus=2, emitted=[2],
+                       decision=WidthDecision.unpriced(1, [1]), rows=[-1], argmax=[2], path=[], bonus=2, emitted=[2],
                        times=Timing(0.1, 1.0, 0.0, 0.0, 1.0))
 
 
@@ -305,11 +306,11 @@ def test_a_plot_over_a_fifo_is_refused_before_the_survey(tmp_path):
     assert fifo.is_fifo()
 
 
-# --- issue 27: the second round ----------------------------------------------------------------
+# --- sampling edges, stores that are not files, stop cuts ----------------------------------
 # Each test names its case of the issue; each failed (hung, crashed or lost data) before the fix.
 
 
-def test_27_1_top_p_zero_draws_the_most_likely_token_at_once():
+def test_top_p_zero_draws_the_most_likely_token_at_once():
     import numpy as np
 
     from adaspark_core.base.sampling import Sampling, draw, kept
@@ -324,7 +325,7 @@ def test_27_1_top_p_zero_draws_the_most_likely_token_at_once():
     assert draw(np.full(5000, np.nan), Sampling(0.7, top_p=0.5), seed=1, pos=1) in range(5000)  # no hang on NaN
 
 
-def test_27_1_a_tiny_top_p_with_a_flat_row_ends_within_a_few_turns():
+def test_a_tiny_top_p_with_a_flat_row_ends_within_a_few_turns():
     """A refused token refuses every less likely one: the loop is not one turn per token."""
     import time
 
@@ -346,7 +347,7 @@ def _store_with_memory(tmp_path):
     return store, tmp_path / "s.json.memory"
 
 
-def test_27_2_a_token_past_the_vocabulary_in_the_memory_is_refused_and_nothing_is_saved(tmp_path):
+def test_a_token_past_the_vocabulary_in_the_memory_is_refused_and_nothing_is_saved(tmp_path):
     store, mem = _store_with_memory(tmp_path)
     raw = bytearray(mem.read_bytes())
     raw[-1 - CHECKSUM_BYTES] = 0x01  # the top byte of the last token (little-endian int32): an id past any vocabulary
@@ -360,7 +361,7 @@ def test_27_2_a_token_past_the_vocabulary_in_the_memory_is_refused_and_nothing_i
 
 
 @pytest.mark.parametrize("kind", ["fifo", "zero"])
-def test_27_3_a_store_or_memory_that_is_a_fifo_or_a_device_is_refused_before_it_is_read(tmp_path, kind):
+def test_a_store_or_memory_that_is_a_fifo_or_a_device_is_refused_before_it_is_read(tmp_path, kind):
     odd = tmp_path / "odd"
     if kind == "fifo":
         os.mkfifo(odd)
@@ -381,7 +382,7 @@ def test_27_3_a_store_or_memory_that_is_a_fifo_or_a_device_is_refused_before_it_
     assert_one_error_line(adaspark("store", "show", "--store", store), f"it is {what}")
 
 
-def test_27_3_a_store_too_large_to_be_one_is_refused(tmp_path):
+def test_a_store_too_large_to_be_one_is_refused(tmp_path):
     from adaspark_core.store import store as sm
 
     big = tmp_path / "big.json"
@@ -390,7 +391,7 @@ def test_27_3_a_store_too_large_to_be_one_is_refused(tmp_path):
     assert_one_error_line(adaspark("store", "show", "--store", big), "more than")
 
 
-def test_27_6_a_cap_below_the_stored_memory_is_refused_and_the_memory_kept(tmp_path):
+def test_a_cap_below_the_stored_memory_is_refused_and_the_memory_kept(tmp_path):
     store, mem = _store_with_memory(tmp_path)
     before = mem.read_bytes()
     corpus = tmp_path / "corpus.txt"
@@ -406,7 +407,7 @@ def test_27_6_a_cap_below_the_stored_memory_is_refused_and_the_memory_kept(tmp_p
 
 @pytest.mark.parametrize("seed, ok", [(2**70, False), (2**64, False), (-(2**63) - 1, False),
                                       (2**64 - 1, True), (-(2**63), True)])
-def test_27_7_seeds_are_64_bit_and_a_larger_one_is_one_line(tmp_path, seed, ok):
+def test_seeds_are_64_bit_and_a_larger_one_is_one_line(tmp_path, seed, ok):
     log = tmp_path / "r.jsonl"
     res = adaspark("decode", PROMPT, "--model", SIM, "--temperature", "0.7", "--seed", seed, "--json", "-n", 4,
                    "--log", log, "--store", tmp_path / "s.json")
@@ -418,7 +419,7 @@ def test_27_7_seeds_are_64_bit_and_a_larger_one_is_one_line(tmp_path, seed, ok):
     assert {r.sampling["seed"] for r in read_log(log)} == {seed}
 
 
-def test_27_8_a_reply_cut_by_a_stop_string_or_its_client_ends_with_a_marked_round(tmp_path):
+def test_a_reply_cut_by_a_stop_string_or_its_client_ends_with_a_marked_round(tmp_path):
     from adaspark_core.decode.runtime import EngineOptions, Runtime
     from adaspark_core.evaluate.replay import replay
     from adaspark_core.serve.service import serve_request
@@ -442,7 +443,7 @@ def test_27_8_a_reply_cut_by_a_stop_string_or_its_client_ends_with_a_marked_roun
     replay(recs)  # the marked rounds replay exactly (check=True raises on a mismatch)
 
 
-def test_27_9_a_log_over_the_store_or_its_memory_is_refused(tmp_path):
+def test_a_log_over_the_store_or_its_memory_is_refused(tmp_path):
     store, mem = _store_with_memory(tmp_path)
     before = (store.read_bytes(), mem.read_bytes())
     for log in (store, mem):
@@ -451,14 +452,14 @@ def test_27_9_a_log_over_the_store_or_its_memory_is_refused(tmp_path):
     assert (store.read_bytes(), mem.read_bytes()) == before
 
 
-def test_27_9_an_export_over_the_stores_own_memory_is_refused(tmp_path):
+def test_an_export_over_the_stores_own_memory_is_refused(tmp_path):
     store, mem = _store_with_memory(tmp_path)
     before = mem.read_bytes()
     assert_one_error_line(adaspark("store", "export", mem, "--store", store), "n-gram memory", "nothing was exported")
     assert mem.read_bytes() == before
 
 
-def test_27_9_a_workload_that_fits_no_context_is_one_line_not_an_empty_report(tmp_path):
+def test_a_workload_that_fits_no_context_is_one_line_not_an_empty_report(tmp_path):
     long = tmp_path / "long.txt"
     long.write_text(PROMPT.read_text() * 8)
     short = tmp_path / "short.txt"
@@ -470,7 +471,7 @@ def test_27_9_a_workload_that_fits_no_context_is_one_line_not_an_empty_report(tm
     assert res.returncode == 0 and "1 of 2 turns left out" in res.stderr, res.stderr
 
 
-# --- issue 27: the sampling fields at their edges, on all three entry points -------------------
+# --- the sampling fields at their edges, on all three entry points -----------------------
 
 EDGES = {
     "temperature": [0, -0.0, 5e-324, 1e-300, 1e-6, 0.7, 2, 2.0000001, -1, 1e308, True, "0.7", None],
@@ -492,7 +493,7 @@ def sampling_bodies(rng: random.Random, n_random: int) -> list[bytes]:
     return fields + [b'"temperature": 0.7, "max_tokens": 3, ' + big for big in BIG]
 
 
-def test_27_sampling_edges_on_serve_stdin_get_an_answer_or_one_line_each(tmp_path):
+def test_sampling_edges_on_serve_stdin_get_an_answer_or_one_line_each(tmp_path):
     bodies = sampling_bodies(random.Random(27), 60)
     lines = b"".join(b'{"id": %d, "prompt": "Tell me a story.", %s}\n' % (i, b) for i, b in enumerate(bodies))
     res = subprocess.run([sys.executable, "-m", "adaspark_cli.main", "serve-stdin", "--model", SIM,
@@ -503,7 +504,7 @@ def test_27_sampling_edges_on_serve_stdin_get_an_answer_or_one_line_each(tmp_pat
     assert sum("done" in o for o in out) > len(bodies) // 3 and sum("error" in o for o in out) > 10
 
 
-def test_27_sampling_edges_over_http_get_an_answer_or_an_openai_error_each(tmp_path):
+def test_sampling_edges_over_http_get_an_answer_or_an_openai_error_each(tmp_path):
     from helpers import Server
 
     bodies = sampling_bodies(random.Random(28), 30)
@@ -522,7 +523,7 @@ def test_27_sampling_edges_over_http_get_an_answer_or_an_openai_error_each(tmp_p
     assert "Traceback" not in srv.stderr and codes.count(200) > len(bodies) // 3 and codes.count(400) > 10
 
 
-def test_27_sampling_edges_on_decode_get_a_reply_or_one_error_line_each(tmp_path):
+def test_sampling_edges_on_decode_get_a_reply_or_one_error_line_each(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
     flags = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed"}

@@ -13,8 +13,8 @@ import orjson
 import pytest
 from conftest import PROMPTS, SIM
 
+from adaspark_core.decode.arms import Speculation
 from adaspark_core.decode.runtime import EngineOptions, Runtime
-from adaspark_core.decode.scheduler import Speculation
 from adaspark_core.engine.sim import VirtualClock
 from adaspark_core.engine.simlm import SimLMTarget
 from adaspark_core.evaluate.replay import replay

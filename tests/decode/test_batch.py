@@ -10,8 +10,9 @@ from helpers import check_greedy, check_kv
 
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.sampling import Sampling
+from adaspark_core.decode.arms import parse_arm
 from adaspark_core.decode.batch import Batch
-from adaspark_core.decode.scheduler import Generation, parse_arm
+from adaspark_core.decode.generation import Generation
 
 # (prompt, arm, max tokens, step it joins at, sampled): greedy and sampled requests in one batch,
 # chains and trees of several widths, joining while others decode and ending at different steps.

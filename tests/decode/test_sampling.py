@@ -127,7 +127,7 @@ def test_speculative_sampling_gives_the_targets_joint_distribution_of_the_next_t
 
     from adaspark_core.base.sampling import distribution
     from adaspark_core.base.tree import NGRAM, Candidate, accept_walk, layout
-    from adaspark_core.decode.scheduler import Draws
+    from adaspark_core.decode.round import Draws
 
     s = Sampling(1.0, top_k=3)
     target.start(prompt_tokens(lm, "rewrite.txt"))
@@ -178,7 +178,8 @@ def test_speculative_sampling_gives_the_targets_joint_distribution_of_the_next_t
 
 @pytest.mark.model
 def test_speculation_never_changes_a_seeded_sample(lm, target):
-    from adaspark_core.decode.scheduler import parse_arm, run
+    from adaspark_core.decode.arms import parse_arm
+    from adaspark_core.decode.generation import run
     from adaspark_core.learn.learned import Learners
 
     prompt = lm.chat_prompt([{"role": "user", "content": (PROMPTS / "rewrite.txt").read_text()}])
@@ -212,7 +213,8 @@ def _sim():
 
 
 def test_on_the_simulated_model_every_arm_samples_the_same_text_for_a_seed():
-    from adaspark_core.decode.scheduler import parse_arm, run
+    from adaspark_core.decode.arms import parse_arm
+    from adaspark_core.decode.generation import run
 
     model = _sim()
     prompt = model.tokenize("Tell me about the sea, and the sea again.")
@@ -227,7 +229,8 @@ def test_on_the_simulated_model_every_arm_samples_the_same_text_for_a_seed():
 
 
 def test_sampled_rounds_are_logged_and_a_mixed_log_replays_into_both_regimes(tmp_path):
-    from adaspark_core.decode.scheduler import parse_arm, run
+    from adaspark_core.decode.arms import parse_arm
+    from adaspark_core.decode.generation import run
     from adaspark_core.evaluate.replay import replay
     from adaspark_core.learn.learned import SAMPLED_SECTION, Learners
     from adaspark_core.store.record import RoundLog, read_log

@@ -3,7 +3,9 @@ import pytest
 from fakes import FakeTarget, cyclic
 
 from adaspark_core.base.errors import InputError
-from adaspark_core.decode.scheduler import Arm, parse_arm, run, stop_cut
+from adaspark_core.decode.arms import Arm, parse_arm
+from adaspark_core.decode.generation import run
+from adaspark_core.decode.round import stop_cut
 from adaspark_core.store.record import SCHEMA, RoundLog, RoundRecord, read_log
 
 
@@ -128,7 +130,7 @@ def test_the_last_round_learns_after_its_tokens_are_out(tmp_path):
     """The reply's last round ends the request (the cost model's refits): it learns and is logged
     after the generation has yielded it, so the client clock does not wait for it, and it is
     learned even when the consumer stops right after the last tokens."""
-    from adaspark_core.decode.scheduler import Generation
+    from adaspark_core.decode.generation import Generation
     from adaspark_core.learn.learned import Learners
 
     learners = Learners()

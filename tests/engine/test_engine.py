@@ -9,7 +9,8 @@ from helpers import check_kv, decode_checked
 
 from adaspark_core.base import tree
 from adaspark_core.base.tree import ANCHOR, PICK, SIBLING
-from adaspark_core.decode.scheduler import Generation, parse_arm, run
+from adaspark_core.decode.arms import parse_arm
+from adaspark_core.decode.generation import Generation, run
 from adaspark_core.engine.llama import rescore
 
 PROMPT_NAMES = ["rewrite.txt", "explain.txt", "story.txt", "code.txt", "summary.txt", "list.txt"]

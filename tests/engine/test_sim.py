@@ -8,7 +8,8 @@ import pytest
 from adaspark_core.base import tree
 from adaspark_core.base.tree import head_q
 from adaspark_core.candidates.ngram import SuffixIndex, fill
-from adaspark_core.decode.scheduler import Generation, parse_arm
+from adaspark_core.decode.arms import parse_arm
+from adaspark_core.decode.generation import Generation
 from adaspark_core.engine.sim import (
     CURVES,
     EOG,

@@ -80,7 +80,7 @@ def test_a_conversation_that_outgrows_the_context_ends_for_that_arm():
 
 def test_arms_are_parsed_and_ar_always_runs_first():
     arms = cmp.make_arms(["adaspark", "pld:3", "tree:4"], target=None, drafter=None,
-                         llama_factory=lambda: object(), is_eog=lambda t: False)
+                         prompt_lookup=lambda: object(), is_eog=lambda t: False)
     assert [a.name for a in arms] == ["ar", "adaspark", "pld:3", "tree:4"]
     assert arms[1].learners is not None and arms[3].learners is None
     for bad, words in [(["pld:0"], "at least one"), (["tree:4", "tree:4"], "twice"), (["block-chain"], "--drafter"),
@@ -117,7 +117,7 @@ def test_warm_passes_run_the_learning_arms_only_and_are_not_recorded():
 def test_scheduler_arms_trace_their_deltas_and_log_each_arm(tmp_path):
     from fakes import CostlyTarget, canonical, markov
 
-    from adaspark_core.decode.scheduler import parse_arm
+    from adaspark_core.decode.arms import parse_arm
     from adaspark_core.evaluate.replay import replay
     from adaspark_core.evaluate.stats import summarize
     from adaspark_core.learn.learned import Learners
@@ -171,20 +171,18 @@ def test_scheduler_arms_trace_their_deltas_and_log_each_arm(tmp_path):
 
 
 def test_prompt_lookup_arm_traces_every_token():
-    class FakeLlama:
-        draft_model = None
+    class FakeDecoder:  # engine/prompt_lookup.PromptLookupDecoder's face
+        n_ctx = 100
 
-        def generate(self, prompt, **kw):
+        def generate(self, prompt, n):
+            assert n == 3
             yield from (7, 8, 9, 0, 5)
-
-        def n_ctx(self):
-            return 100
 
         def detokenize(self, tokens):
             return b"x" * len(tokens)
 
     ticks = iter([10.0, 10.5, 10.75])
-    arm = cmp.PromptLookupArm(3, FakeLlama(), is_eog=lambda t: t == 0)
+    arm = cmp.PromptLookupArm(3, FakeDecoder(), is_eog=lambda t: t == 0)
     ans = arm.answer([1, 2], 10, "r", clock=lambda: next(ticks))
     assert ans.finish == "stop" and ans.trace == [[1, 0.0], [2, 0.5], [3, 0.75]]
     assert ans.tok_s == pytest.approx(2 / 0.75)

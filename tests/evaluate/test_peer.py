@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from adaspark_core.base.errors import InputError
+from adaspark_core.engine import llama_server
 from adaspark_core.evaluate import compare as cmp
 from adaspark_core.evaluate import peer
 
@@ -149,8 +150,8 @@ def test_a_sampled_request_asks_for_our_chain_at_our_settings():
 
 
 def test_a_missing_binary_says_make_peer(tmp_path, monkeypatch):
-    monkeypatch.setenv(peer.ENV_BINARY, str(tmp_path / "nope"))
-    one_line_error(lambda: peer.server_binary(), "make peer", str(tmp_path / "nope"))
+    monkeypatch.setenv(llama_server.ENV_BINARY, str(tmp_path / "nope"))
+    one_line_error(lambda: llama_server.server_binary(), "make peer", str(tmp_path / "nope"))
     one_line_error(lambda: peer.LlamaServerArm("llama:ar", "m.gguf", 512, 1, is_eog), "make peer")
     one_line_error(lambda: cmp.make_arms(["ar", "llama:ar"], None, None, None, is_eog, model_path="m.gguf", n_ctx=512),
                    "make peer")
@@ -160,7 +161,7 @@ def test_make_arms_builds_peer_arms_lazily(tmp_path, monkeypatch):
     fake = tmp_path / "llama-server"
     fake.write_text("#!/bin/sh\nexit 1\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv(peer.ENV_BINARY, str(fake))
+    monkeypatch.setenv(llama_server.ENV_BINARY, str(fake))
     arms = cmp.make_arms(["ar", "llama:ar", "llama:ngram-mod:8:16"], None, None, None, is_eog,
                          model_path="m.gguf", n_ctx=512, threads=2)
     assert [a.name for a in arms] == ["ar", "llama:ar", "llama:ngram-mod:8:16"]
@@ -177,7 +178,7 @@ def test_draft_arms_need_a_model_drafter(tmp_path, monkeypatch):
     fake = tmp_path / "llama-server"
     fake.write_text("#!/bin/sh\nexit 1\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv(peer.ENV_BINARY, str(fake))
+    monkeypatch.setenv(llama_server.ENV_BINARY, str(fake))
     specs = ["ar", "llama:ar", "llama:draft:4", "llama:draft:8:0.75"]
     arms = cmp.make_arms(specs, None, model_drafter(tmp_path / "draft.gguf"), None, is_eog,
                          model_path="m.gguf", n_ctx=512, threads=2)
@@ -348,7 +349,7 @@ def stand_in(tmp_path, monkeypatch):
     script = tmp_path / "llama-server"
     script.write_text(f"#!{sys.executable}\n" + textwrap.dedent(STAND_IN))
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv(peer.ENV_BINARY, str(script))
+    monkeypatch.setenv(llama_server.ENV_BINARY, str(script))
     return script
 
 
@@ -386,7 +387,7 @@ def test_a_failed_start_reports_the_logs_last_lines(stand_in):
 
 def built_binary():
     try:
-        return peer.server_binary()
+        return llama_server.server_binary()
     except InputError:
         return None
 

@@ -10,7 +10,8 @@ import pytest
 
 from adaspark_core.base.tree import ANCHOR
 from adaspark_core.base.tree import hindsight_path as true_path
-from adaspark_core.decode.scheduler import Generation, parse_arm
+from adaspark_core.decode.arms import parse_arm
+from adaspark_core.decode.generation import Generation
 from adaspark_core.engine.sim import make_sim
 from adaspark_core.evaluate.regret import CATEGORIES, CostTable, accepted_by_width, account, continuations
 from adaspark_core.evaluate.replay import replay

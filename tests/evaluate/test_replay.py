@@ -11,8 +11,9 @@ from conftest import PROMPTS, ROOT, SIM
 from fakes import CostlyTarget, canonical, markov
 from helpers import adaspark, assert_one_error_line
 
+from adaspark_core.decode.arms import parse_arm
 from adaspark_core.decode.batch import Batch
-from adaspark_core.decode.scheduler import Generation, parse_arm
+from adaspark_core.decode.generation import Generation
 from adaspark_core.evaluate.replay import ReplayMismatch, replay
 from adaspark_core.learn.learned import Learners
 from adaspark_core.store.record import SCHEMA, LogReadError, RoundLog, read_log

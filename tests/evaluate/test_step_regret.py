@@ -5,6 +5,7 @@ decode takes exactly 5 + rows + 0.01 cells ms."""
 
 import pytest
 
+from adaspark_core.base.decision import WidthDecision
 from adaspark_core.evaluate.step_regret import step_account
 from adaspark_core.store.record import RoundRecord, Timing
 
@@ -40,7 +41,7 @@ def a_log(sampled_step: int | None = None, prompt_step: int | None = None) -> li
             dec = decode_ms(rows + prompt, cells) if lead else 0.0
             recs.append(RoundRecord(
                 request=req, round=s, context=cells // 2, arm="adaspark", anchor=0, candidates=chain(tokens),
-                order=[0, 1, 2], offered=[1, 4, 8], prices=None, width=width, rows=[-1, 0, 1, 2][:width],
+                order=[0, 1, 2], decision=WidthDecision.unpriced(width, [1, 4, 8]), rows=[-1, 0, 1, 2][:width],
                 argmax=[bonus] * width, path=[], bonus=bonus, emitted=[bonus],
                 times=Timing(draft=0.0, verify=dec, commit=0.0, host=0.0, decode=dec),
                 first=s == 0, last=s == STEPS - 1,

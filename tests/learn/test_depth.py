@@ -18,7 +18,8 @@ import orjson
 import pytest
 
 from adaspark_core.base.checks import NewerVersion
-from adaspark_core.decode.scheduler import Generation, parse_arm
+from adaspark_core.decode.arms import parse_arm
+from adaspark_core.decode.generation import Generation
 from adaspark_core.engine.sim import CostCurve, DraftParams, make_sim
 from adaspark_core.evaluate.replay import ReplayMismatch, replay
 from adaspark_core.learn.depth import DraftDepth

@@ -21,8 +21,9 @@ import pytest
 from conftest import ROOT
 
 from adaspark_core.base.checks import NewerVersion, UnknownField
+from adaspark_core.decode.arms import parse_arm
+from adaspark_core.decode.generation import Generation
 from adaspark_core.decode.runtime import EngineOptions, Runtime
-from adaspark_core.decode.scheduler import Generation, parse_arm
 from adaspark_core.evaluate.replay import replay
 from adaspark_core.learn.acceptance import AcceptanceModel
 from adaspark_core.learn.chooser import AdaptiveWidth, Chooser
@@ -149,7 +150,7 @@ def test_the_live_run_exercises_the_learners(live):
     learners, log, _ = live
     assert {r.arm for r in log} == {"adaspark", "cost", "pinned:4", "ar"}
     assert any(r.candidates and r.priced == "fitted" for r in log)  # the fitted model priced
-    assert any(r.measure for r in log) and any(r.prices for r in log)  # cold start, then chosen widths
+    assert any(r.decision.measure for r in log) and any(r.decision.prices for r in log)  # cold start, then chosen widths
     assert max(r.width for r in log) > 1 and any(r.path for r in log)
 
 

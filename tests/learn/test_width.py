@@ -8,7 +8,9 @@ from collections import Counter
 import orjson
 import pytest
 
-from adaspark_core.decode.scheduler import Generation, parse_arm
+from adaspark_core.base.decision import WidthDecision
+from adaspark_core.decode.arms import parse_arm
+from adaspark_core.decode.generation import Generation
 from adaspark_core.engine.sim import CURVES, expected_tokens, make_sim
 from adaspark_core.evaluate.replay import replay
 from adaspark_core.learn.chooser import AdaptiveWidth, continuation_values, expected_sums
@@ -73,8 +75,8 @@ def test_the_rate_reached_is_close_to_the_best_pinned_widths(curve):
 @pytest.mark.parametrize("curve", ["qwen3-4b-q4km", "lfm2.5-2.6b-q8", "cpu-smollm2-q4_0"])
 def test_after_cold_start_the_price_of_the_chosen_width_is_within_two_percent(curve):
     _, late, _ = serve(curve, requests=6)
-    errors = [abs(dict(zip(r.offered, r.prices))[r.width] / r.times.verify - 1)
-              for r in late if r.prices and r.width in r.offered]
+    errors = [abs(r.decision.prices[r.width] / r.times.verify - 1)
+              for r in late if r.decision.prices and r.width in r.decision.prices]
     assert len(errors) > 300
     assert statistics.median(errors) < 0.02
 
@@ -92,7 +94,7 @@ def test_width_one_is_chosen_where_the_tree_never_pays(curve):
 def measured(width, ms, context=500, first=False, last=False):
     """A round record that verified ``width`` rows in ``ms``."""
     return RoundRecord(request="r", round=1, context=context, arm="pinned:%d" % width, anchor=0, candidates=[],
-                       order=[], offered=[width], prices=None, width=width, rows=[-1] * width, argmax=[0] * width,
+                       order=[], decision=WidthDecision.unpriced(width, [width]), rows=[-1] * width, argmax=[0] * width,
                        path=[], bonus=0, emitted=[0], times=Timing(2.0, ms, 0.0, 0.0, ms), first=first, last=last)
 
 
@@ -146,7 +148,7 @@ def test_a_restart_begins_from_the_learned_widths():
     target, drafter, clock, prompt = make_sim("qwen3-4b-q4km", seed=9)
     gen = Generation(target, prompt, parse_arm("adaspark"), 100, clock=clock, drafter=drafter,
                      learners=Learners(policy=restored))
-    measured = {gen.last_record.measure for _ in gen}
+    measured = {gen.last_record.decision.measure for _ in gen}
     assert learned and not measured & learned  # no cold start: only a pending split may be measured
 
 

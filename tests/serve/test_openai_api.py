@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from adaspark_core.base.sampling import Sampling
-from adaspark_core.decode.scheduler import Stats
+from adaspark_core.decode.generation import Stats
 from adaspark_core.serve import openai_api as api
 from adaspark_core.serve.service import Reply, StopStrings
 from adaspark_core.serve.stdin_api import RequestError, parse_request

@@ -112,7 +112,7 @@ def test_a_stream_of_requests_with_bad_lines_is_served_and_learned_into_the_stor
     log2 = tmp_path / "second.jsonl"
     res, out = serve([request("again", prompt=texts[1], max_tokens=48)], "--model", SIM, "--store", store, "--log", log2)
     assert res.returncode == 0 and out[-1]["done"], res.stderr
-    assert all(r.measure is None for r in read_log(log2))
+    assert all(r.decision.measure is None for r in read_log(log2))
     assert orjson.loads(store.read_bytes())["counts"]["requests"] == 21
 
 

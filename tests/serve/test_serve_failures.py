@@ -21,14 +21,15 @@ import pytest
 from conftest import ROOT, SIM
 from helpers import assert_one_error_line, chat_body
 
-from adaspark_cli import http_app
-from adaspark_cli.http_app import Decoder, Job, Limits
+from adaspark_core.decode.arms import Speculation
+from adaspark_core.decode.generation import Generation
 from adaspark_core.decode.runtime import EngineOptions, Runtime
-from adaspark_core.decode.scheduler import Generation, Speculation
 from adaspark_core.engine.sim import VirtualClock
 from adaspark_core.engine.simlm import SimLMTarget
 from adaspark_core.learn.learned import Learners
+from adaspark_core.serve import http_app
 from adaspark_core.serve import openai_api as api
+from adaspark_core.serve.http_app import Decoder, Job, Limits
 from adaspark_core.serve.service import BatchServer
 from adaspark_core.store.record import LogWriteError, RoundLog, read_log
 
@@ -254,12 +255,13 @@ def test_a_step_whose_verify_fails_ends_every_request_in_it_and_serving_goes_on(
     assert {rec.request for rec in records if rec.last} == {"d", "e"}  # the failed ones never ended
 
 
-def test_a_decoding_thread_that_cannot_go_on_says_so_and_refuses_the_rest(tmp_path, monkeypatch, capsys):
+def test_a_decoding_thread_that_cannot_go_on_says_so_and_refuses_the_rest(tmp_path, monkeypatch):
     def broken(self):
         raise RuntimeError("injected: the loop broke")
 
     monkeypatch.setattr(BatchServer, "step", broken)
-    decoder = Decoder(batched(tmp_path, n=2), 8, print)
+    errors = []
+    decoder = Decoder(batched(tmp_path, n=2), 8, print, lambda line, trace: errors.append((line, trace)))
     try:
         first = answers(decoder, {"a": LONG, "b": LONG, "c": LONG})
         status, health = decoder.health()
@@ -272,8 +274,10 @@ def test_a_decoding_thread_that_cannot_go_on_says_so_and_refuses_the_rest(tmp_pa
     assert status == 503 and health["status"] == "failed" and "injected: the loop broke" in health["error"]
     kind, refused = after["d"]
     assert kind == "refused" and refused.status == 503 and refused.code == "decoder_failed"
-    said = "adaspark: error: the decoding thread failed (RuntimeError: injected: the loop broke); the server stops"
-    assert said in capsys.readouterr().err
+    # the operator is told once, with the trace for whoever finds the bug
+    [(line, trace)] = errors
+    assert line == "the decoding thread failed (RuntimeError: injected: the loop broke); the server stops"
+    assert trace.startswith("Traceback") and "injected: the loop broke" in trace
 
 
 @contextmanager

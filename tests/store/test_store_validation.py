@@ -16,7 +16,8 @@ import pytest
 from conftest import PROMPTS, SIM
 from helpers import adaspark, assert_one_error_line
 
-from adaspark_core.decode.scheduler import Generation, parse_arm
+from adaspark_core.decode.arms import parse_arm
+from adaspark_core.decode.generation import Generation
 from adaspark_core.engine.sim import make_sim
 from adaspark_core.evaluate.replay import replay
 from adaspark_core.learn.learned import Learners

@@ -1,5 +1,6 @@
 """The HTTP side of ``adaspark serve`` (the ``adaspark[server]`` extra): a FastAPI app on uvicorn
-in front of one decoding thread.
+in front of one decoding thread. It prints nothing itself: what the operator should read goes to
+the caller's ``warn``, ``error`` and ``announce`` (the CLI writes them to stderr).
 
 One decoding thread on the one model: it owns the Runtime (model, learners, store, log) and
 nothing else touches it; it decodes one request at a time, or with ``--parallel N`` up to N
@@ -43,6 +44,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from typing import Callable
 
 import h11
 import orjson
@@ -113,11 +115,14 @@ class Decoder:
     decodes up to that many requests together, a step at a time, and takes the next waiting
     request into a slot as soon as one frees."""
 
-    def __init__(self, rt: Runtime, queue_size: int, warn):
+    def __init__(self, rt: Runtime, queue_size: int, warn: Callable[[str], None],
+                 error: Callable[[str, str], None] | None = None):
         self.rt = rt
         self.parallel = len(rt.slots)
         self.queue_size = queue_size
         self.warn = warn
+        # error(line, traceback): the thread's own failure, which stops the server
+        self.error = error or (lambda line, detail: warn(line))
         self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self.lock = threading.Lock()
         self.pending = 0  # jobs queued or running
@@ -178,10 +183,9 @@ class Decoder:
         try:
             work()
         except BaseException as e:
-            traceback.print_exc()
             with self.lock:
                 self.failure = f"the decoding thread failed ({type(e).__name__}: {e})"
-            print(f"adaspark: error: {self.failure}; the server stops", file=sys.stderr, flush=True)
+            self.error(f"{self.failure}; the server stops", traceback.format_exc())
             for job in list(self.running.values()):
                 self._reply(job, api.APIError(500, f"internal error: {self.failure}", "server_error"))
             while True:
@@ -670,10 +674,11 @@ def _allow_open_files(max_connections: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
-def make_server(rt: Runtime, queue_size: int, default_temperature: float, limits: Limits, warn) -> _Server:
+def make_server(rt: Runtime, queue_size: int, default_temperature: float, limits: Limits, warn,
+                error=None) -> _Server:
     """The server ``run`` runs, its decoding thread started (``server.decoder``): the app on uvicorn
     with our protocol."""
-    decoder = Decoder(rt, queue_size, warn)
+    decoder = Decoder(rt, queue_size, warn, error)
     app = make_app(decoder, rt.model.path.name, default_temperature, limits.max_body)
     # uvicorn's limit_concurrency is left unset: it counts the same connections as our cap, so
     # at the cap it would answer 503 (in plain text) to the clients already admitted; requests
@@ -687,17 +692,17 @@ def make_server(rt: Runtime, queue_size: int, default_temperature: float, limits
 
 
 def run(rt: Runtime, sock: socket.socket, queue_size: int, default_temperature: float, limits: Limits,
-        warn) -> int:
+        warn: Callable[[str], None], error: Callable[[str, str], None], announce: Callable[[str], None]) -> int:
     """Serve on ``sock`` until a signal (or the decoding thread's failure); returns the exit code
-    (``_Server.exit_code``). The runtime is closed (its learning saved) on the way out."""
-    server = make_server(rt, queue_size, default_temperature, limits, warn)
+    (``_Server.exit_code``). The runtime is closed (its learning saved) on the way out.
+    ``announce`` gets the line that says where the server listens, once it does."""
+    server = make_server(rt, queue_size, default_temperature, limits, warn, error)
     decoder = server.decoder
     host, port = sock.getsockname()[:2]
     together = "one decode at a time" if decoder.parallel == 1 else f"{decoder.parallel} requests decoded together"
-    print(f"adaspark serve: listening on {url(host, port)} ({rt.model.path.name}, arm {rt.arm.name}"
-          f"{', store ' + str(rt.store.path) if rt.store else ''}; {together}, {queue_size} may wait; "
-          f"at most {limits.max_connections} connections, bodies up to {_mb(limits.max_body)})",
-          file=sys.stderr, flush=True)
+    announce(f"listening on {url(host, port)} ({rt.model.path.name}, arm {rt.arm.name}"
+             f"{', store ' + str(rt.store.path) if rt.store else ''}; {together}, {queue_size} may wait; "
+             f"at most {limits.max_connections} connections, bodies up to {_mb(limits.max_body)})")
     try:
         server.run(sockets=[sock])
     finally:

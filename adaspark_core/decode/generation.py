@@ -1,22 +1,13 @@
-"""One round of Algorithm 1, engine-agnostic, and the arms that set its width.
-
-A round is a chain of small steps (gpt-fast style): the proposers (candidates/base.py) propose
-candidates, ``decide_round`` prices and orders them and picks the width (replay.py decides through
-it too), the target verifies, ``accept_walk`` returns what was accepted, and ``Generation`` does the
-bookkeeping (stopping, commit, the proposers told, statistics, the record; learning and the log
-once the round's tokens are out). ``Generation.plan`` is everything before the verify and
-``Generation.complete`` everything after, so a verify can be shared between requests.
-
-Arms (this issue): ``ar`` verifies one row per round; ``chain:N`` verifies the n-gram chain, at most
-N draft tokens (N + 1 rows; ``chain:3`` is llama.cpp's default speculative configuration);
-``tree:N`` verifies the best-first prefix of N rows by a simple prior. ``tree:1`` and ``chain:0``
-are plain decoding: width 1 is a first-class width (one row, no candidates).
-"""
+"""One request decoded round by round (``Generation``): the proposers (candidates/base.py) propose,
+``round.decide_round`` prices, orders and picks the width, the target verifies, ``tree.accept_walk``
+returns what was accepted, and the generation does the bookkeeping (stopping, commit, the
+proposers told, statistics, the record; learning and the log once the round's tokens are out).
+``Generation.plan`` is everything before the verify and ``Generation.complete`` everything after, so
+a verify can be shared between requests (decode/batch.py)."""
 
 from __future__ import annotations
 
 import functools
-import re
 import secrets
 import time
 from collections import Counter
@@ -25,146 +16,25 @@ from typing import Callable, Iterator
 
 from adaspark_core.base import tree
 from adaspark_core.base.errors import InputError
-from adaspark_core.base.sampling import Sampling, draw
-from adaspark_core.base.tree import Candidate, head_q
+from adaspark_core.base.sampling import Sampling
+from adaspark_core.base.tree import Candidate
 from adaspark_core.candidates.base import PicksOnly, Proposer, propose_round
-from adaspark_core.candidates.memory import DEFAULT_CAP_MB, NgramMemory
+from adaspark_core.candidates.memory import NgramMemory
 from adaspark_core.candidates.ngram import KeptIndexes, NgramSource
+from adaspark_core.decode.arms import Arm, Speculation
+from adaspark_core.decode.round import (
+    CONTEXT,
+    INTERRUPTED,
+    STOP,
+    Draws,
+    RoundDecision,
+    decide_round,
+    draft_rule,
+    stop_cut,
+)
 from adaspark_core.engine.base import Target, Verified
-from adaspark_core.learn.acceptance import HEAD
-from adaspark_core.learn.depth import DraftDepth
-from adaspark_core.learn.learned import LearnerParams, Learners
+from adaspark_core.learn.learned import Learners
 from adaspark_core.store.record import RoundLog, RoundRecord, Timing
-
-# Sibling n-gram chains per round where earlier occurrences continue differently: one, as more
-# cost host time every candidate round and gain nothing (ARCHITECTURE.md, section 5).
-MAX_ALTS = 1
-
-STOP, LENGTH, CONTEXT = "stop", "length", "context"
-INTERRUPTED = "interrupted"  # ended by its consumer: a stop string's cut, a client gone, a signal
-
-
-@dataclass(frozen=True, slots=True)
-class Arm:
-    """How a round's width is set.
-
-    ``ar``: one row. ``chain:N``: the candidate chain, at most N draft tokens (N + 1 rows).
-    ``tree:N``: the best-first prefix of N rows, no learned models. ``pinned:N``: N rows with the
-    rest of the adaptive scheduler running (its learners learn; they do not choose). ``cost``: the
-    cost model's width over the drafter's candidates only (no n-gram). ``adaspark``: the cost
-    model's width over the drafter's and the n-gram's candidates.
-    """
-
-    kind: str
-    n: int = 1
-
-    @property
-    def name(self) -> str:
-        if self.kind == "block":
-            return "block-chain"
-        return self.kind if self.kind in ("ar", "cost", "adaspark") else f"{self.kind}:{self.n}"
-
-    @property
-    def max_width(self) -> int:
-        # block-chain: as many rows as the drafter's block has picks
-        return {"ar": 1, "chain": self.n + 1, "tree": self.n, "pinned": self.n}.get(self.kind, tree.MAX_WIDTH)
-
-    @property
-    def adaptive(self) -> bool:
-        """The cost model and chooser set the width."""
-        return self.kind in ("cost", "adaspark")
-
-    @property
-    def learns(self) -> bool:
-        """The online learners see this arm's rounds."""
-        return self.kind in ("cost", "adaspark", "pinned")
-
-    @property
-    def fitted(self) -> bool:
-        """The fitted acceptance model may price the tree (guarded); ``cost`` prices with the
-        head-based estimate (paper 4.1)."""
-        return self.kind in ("adaspark", "pinned")
-
-    @property
-    def uses_ngram(self) -> bool:
-        """The n-gram source proposes. Not for ``ar``, whose one row holds no candidate: its index
-        of the request's text cost every token 0.05 ms and the prompt its indexing, for nothing."""
-        return self.kind not in ("ar", "cost", "block")
-
-    @property
-    def picks_only(self) -> bool:
-        """The drafter's picks alone, as a chain (``block-chain``: the whole block, no siblings)."""
-        return self.kind == "block"
-
-    @property
-    def needs_tree(self) -> bool:
-        return self.max_width > 2 and self.kind not in ("chain", "block")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Speculation:
-    """How requests speculate: one config carried from the command line through the Runtime to
-    every Generation. The arm (its widths), the sibling n-gram chains a round may add, the n-gram
-    memory's cap (0: none) and the learners' parameters (Table 14's values by default)."""
-
-    arm: Arm
-    sibling_chains: int = MAX_ALTS
-    memory_mb: float = DEFAULT_CAP_MB
-    learners: LearnerParams = field(default_factory=LearnerParams)
-
-    @classmethod
-    def of(cls, arm: "str | Arm | Speculation", **kw) -> "Speculation":
-        """A Speculation from an arm spec (``"chain:3"``) or an Arm, other fields by name."""
-        if isinstance(arm, Speculation):
-            return arm
-        return cls(arm=parse_arm(arm) if isinstance(arm, str) else arm, **kw)
-
-    @property
-    def alternatives(self) -> int:
-        """Sibling n-gram chains a round adds: none for a chain arm (its tree is a chain)."""
-        return 0 if self.arm.kind == "chain" else self.sibling_chains
-
-
-_ARM = re.compile(r"^(?:(ar|cost|adaspark|block-chain)|(chain|tree|pinned):(\d+))$")
-
-
-def parse_arm(spec: str, max_width: int = tree.MAX_WIDTH) -> Arm:
-    m = _ARM.match(spec.strip())
-    if not m:
-        raise InputError(f"unknown arm {spec!r}: use ar, chain:N, tree:N, pinned:N, cost, adaspark or block-chain")
-    if m.group(1) == "block-chain":
-        return Arm("block")
-    if m.group(1):
-        return Arm(m.group(1))
-    arm = Arm(m.group(2), int(m.group(3)))
-    if arm.max_width < 1:
-        raise InputError(f"arm {spec!r}: a verify has at least one row")
-    if arm.max_width > max_width:
-        raise InputError(f"arm {spec!r} verifies {arm.max_width} rows; the most is {max_width}")
-    if arm.max_width == 1 and arm.kind != "pinned":
-        return Arm("ar")
-    return arm
-
-
-# --- one round, as pure functions -----------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class RoundDecision:
-    """What a round decided before its verify (the record's fields of the same names)."""
-
-    priced: str | None  # which estimate priced the candidates (None: there were none)
-    order: list[int]  # the candidates best first
-    width: int  # rows to verify
-    offered: list[int]
-    prices: list[float] | None = None
-    measure: int | None = None
-    favourite: int | None = None  # the chooser's own best width, where it chose (Decision)
-
-    @property
-    def chosen(self) -> list[int]:
-        """The candidates verified: the first width - 1 of the order (a tree, Proposition 1)."""
-        return tree.prefix(self.order, self.width)
 
 
 @dataclass(slots=True)
@@ -184,83 +54,6 @@ class RoundPlan:
     drafting: dict | None = None  # a draft model's forwards (RoundRecord.drafting)
     decision: RoundDecision | None = None
     layout: tree.Layout | None = None  # the rows to verify, depth first
-
-
-def decide_round(cands: list[dict], context: int, p_src: float | None, arm: Arm, max_rows: int,
-                 learners: Learners | None) -> RoundDecision:
-    """One round's decisions before its verify (Algorithm 1): price every candidate (sets its
-    ``q``), order them best first (Proposition 1), and choose the width, the arm's or, for an
-    adaptive arm, the width policy's, at most ``max_rows``. ``cands``: the round record's
-    candidate dicts. The live round and replay both decide through here, so a replayed log
-    drives the learners exactly as the run did.
-
-    With learners, the acceptance model prices (the fitted model only where the arm allows it);
-    without, the head-based estimate with no offset. ``p_src`` None (no n-gram source): 0.5."""
-    priced, order, big_q = price_round(cands, context, p_src, arm, learners)
-    if arm.adaptive:
-        policy = learners.policy
-        dec = policy.decide(cands, order, context, policy.cost.d_now(), max_rows, big_q)
-        width, offered, prices, measure, favourite = dec.width, dec.offered, dec.prices, dec.measure, dec.favourite
-    else:
-        width, offered, prices, measure, favourite = min(arm.max_width, max_rows), [arm.max_width], None, None, None
-    width = min(width, len(cands) + 1)  # a tree with fewer candidates comes out narrower
-    return RoundDecision(priced, order, width, offered, prices, measure, favourite)
-
-
-def price_round(cands: list[dict], context: int, p_src: float | None, arm: Arm,
-                learners: Learners | None) -> tuple[str | None, list[int], list[float]]:
-    """Price every candidate (sets its ``q``) and order them best first: (which estimate priced,
-    the order, the path products Q). The first half of ``decide_round``; a batched step
-    (decode/batch.py) prices each request so and chooses the widths of all together."""
-    priced = None
-    if cands:
-        p_src = 0.5 if p_src is None else p_src
-        if learners is not None:
-            est = learners.acceptance.estimate(cands, context, p_src, fitted_allowed=arm.fitted)
-            qs, priced = est.q, est.priced
-        else:
-            qs, priced = [head_q(c, p_src) for c in cands], HEAD
-        for c, q in zip(cands, qs):
-            c["q"] = q
-    big_q = tree.products([c["parent"] for c in cands], [c["q"] for c in cands])
-    return priced, tree.best_first(big_q), big_q
-
-
-def draft_rule(learners: Learners, context: int, max_rows: int):
-    """An adaptive round's depth rule for a draft model (``go_on(hs, limit)``, learn/depth.py):
-    the depth learner's, at the cost model's prices of the widths within ``max_rows`` and the
-    chooser's score at the round's D and ``context``, time charged at no less than plain
-    decoding's rate (Chooser.charged_rate; here the forwards are in the prices, so plain decoding's
-    rate is given apart). The live round and replay both build it here, before the round decides."""
-    policy = learners.policy
-    cost = policy.cost
-    ladder = DraftDepth.ladder_prices([w for w in cost.widths if w <= max_rows], cost.prices(context),
-                                      lambda w: cost.price_floor(w, context))
-    d_ms = cost.d_now()
-    plain = 1.0 / (d_ms + ladder[1]) if 1 in ladder else 0.0
-
-    def score(prices: dict[int, float], s: list[float]) -> dict[int, float]:
-        return policy.chooser.scores(prices, s, d_ms, context, rho_floor=plain)[0]
-
-    return functools.partial(learners.depth.go_on, context=context, ladder=ladder, score=score)
-
-
-def stop_cut(accepted: list[int], is_eog: Callable[[int], bool], budget: int) -> tuple[int, str | None]:
-    """How many of a round's accepted tokens to commit, and the finish reason if the reply ends.
-
-    The reply ends at the first end-of-generation token (committed, not emitted) or when the
-    token budget runs out."""
-    for i, t in enumerate(accepted):
-        if i >= budget:
-            return i, LENGTH
-        if is_eog(t):
-            return i + 1, STOP
-    if len(accepted) >= budget:
-        return len(accepted), LENGTH
-    return len(accepted), None
-
-
-# --- a request ----------------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -399,7 +192,7 @@ class Generation:
         self.proposers: list[Proposer] = [p for p in (model, self.ngram) if p is not None]
         # A drafter that drafts position by position (a draft model) logs its forwards, and in an
         # adaptive arm drafts as deep as the depth learner says (draft_rule).
-        self.sequential = drafter if getattr(drafter, "sequential", False) else None
+        self.sequential = drafter if drafter is not None and drafter.sequential else None
         # The learners persist across requests: pass the same ones to every request.
         if learners is None and arm.learns:
             learners = Learners.fresh(self.spec.learners)
@@ -411,7 +204,7 @@ class Generation:
         self.stats = Stats()
         self._unsettled: RoundRecord | None = None  # the latest round, until it has learned
         self._closed = False
-        self.batched = False  # decoded together with other requests (decode/batch.py sets it)
+        self.batched = False  # decoded together with other requests (``begin``)
         # The round log says the request began: its first record (alone) or a step's ``began``
         # (batched, decode/batch.py). Replay starts a request there, so one that closes before
         # is forgotten by the learners (close).
@@ -442,18 +235,20 @@ class Generation:
         self.stats.delta(len(emitted), self.clock())
         return emitted
 
-    def begin(self, defer_prefill: bool = False) -> None:
+    def begin(self, batched: bool = False) -> None:
         """The request starts: its prompt into the target, every proposer and the learners.
-        ``defer_prefill``: the target takes the prompt later, in chunks beside other requests'
-        verifies (a slot of a LlamaBatch, decode/batch.py)."""
-        if defer_prefill:
+        ``batched``: it is decoded together with other requests (decode/batch.py): the target
+        takes the prompt later, in chunks beside their verifies (a slot of a LlamaBatch), and the
+        learners keep its per-request state beside theirs (``use_learners``)."""
+        self.batched = batched
+        if batched:
             self.target.start(self.prompt, defer=True)
         else:
             self.target.start(self.prompt)
         for source in self.proposers:
             source.begin(self.prompt)
         if self.learners is not None:
-            self.learners.start_request(self.request_id, alone=not self.batched)
+            self.learners.start_request(self.request_id, alone=not batched)
 
     def close(self) -> None:
         """The request ends, however it ends (also when the consumer stops iterating): every
@@ -573,7 +368,7 @@ class Generation:
         st, p, lay = self.stats, plan.decision, plan.layout
         draft_ms = (plan.t_proposed - plan.t0) * 1e3
         st.rounds += 1
-        st.widths[p.width] += 1
+        st.widths[p.choice.width] += 1
         st.accepted[len(path_rows)] += 1
         st.verify_ms += ver.verify_ms
         st.draft_ms += draft_ms
@@ -586,12 +381,9 @@ class Generation:
             anchor=plan.anchor,
             candidates=plan.cand_dicts,
             order=p.order,
-            offered=p.offered,
-            prices=p.prices,
-            measure=p.measure,
             p_src=plan.p_src,
             priced=p.priced,
-            width=p.width,
+            decision=p.choice,
             rows=lay.cand,
             argmax=ver.argmax,
             path=[lay.cand[r] for r in path_rows],
@@ -619,24 +411,6 @@ class Generation:
             rec.times.learn = (self.clock() - t0) * 1e3
         if self.log is not None:
             self.log.write(rec)
-
-
-class Draws:
-    """A sampled verify's token per row, drawn when first read (sampling.draw at the row's
-    position); ``as_list`` gives -1 for the rows never read."""
-
-    def __init__(self, logits, sampling: Sampling, seed: int, pos0: int, depth: list[int]):
-        self.logits, self.sampling, self.seed, self.pos0, self.depth = logits, sampling, seed, pos0, depth
-        self._got: dict[int, int] = {}
-
-    def __getitem__(self, row: int) -> int:
-        t = self._got.get(row)
-        if t is None:
-            t = self._got[row] = draw(self.logits[row], self.sampling, self.seed, self.pos0 + self.depth[row])
-        return t
-
-    def as_list(self) -> list[int]:
-        return [self._got.get(r, -1) for r in range(len(self.depth))]
 
 
 def run(target: Target, prompt: list[int], arm: Arm, max_tokens: int, **kw) -> Generation:
