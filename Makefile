@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.adaspark-installed
 PROMPTS := fixtures/prompts
 
-.PHONY: setup demo test lint test-fast bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ttft bench-ngram bench-drafters bench-memory bench-step bench-load bench-load-gemma bench-qwen fixture-log clean
+.PHONY: setup demo test lint test-fast bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ttft bench-ngram bench-drafters bench-memory bench-step bench-load bench-load-gemma bench-qwen bench-onerow fixture-log clean
 .PHONY: peer
 
 # ggml for this CPU, but never with AMX: some virtual machines advertise AMX yet trap its first
@@ -125,6 +125,15 @@ bench-qwen: setup peer
 	$(BIN)/adaspark models fetch qwen2.5-coder-0.5b
 	$(BIN)/adaspark compare --sets $(BENCH_SETS) --model qwen2.5-coder-1.5b --arms $(QWEN_NGRAM_ARMS) --subset eval --max-turns 1 --max-tokens 96 --out bench-out-qwen --logs bench-out-qwen/logs
 	$(BIN)/adaspark compare --sets $(BENCH_SETS) --model qwen2.5-coder-1.5b --drafter model:qwen2.5-coder-0.5b --arms $(QWEN_DRAFT_ARMS) --subset eval --max-turns 1 --max-tokens 96 --out bench-out-qwen-draft --logs bench-out-qwen-draft/logs
+
+# Width 1 is plain decoding: the one-row rounds of pinned:1 (n-gram and learners running, one row
+# always), chain:3 and adaspark over ar's at the same request and context, from one compare run
+# of the evaluation subset's first turns. ONEROW_MODEL=qwen2.5-coder-1.5b for the 1.5B (after
+# `adaspark models fetch`).
+ONEROW_MODEL ?= smollm2-135m
+bench-onerow: setup
+	$(BIN)/adaspark compare --sets $(BENCH_SETS) --model $(ONEROW_MODEL) --arms ar,pinned:1,chain:3,adaspark --subset eval --max-turns 1 --max-tokens 96 --out bench-out-onerow --logs bench-out-onerow/logs
+	$(BIN)/python -m benchmarks.bench onerow bench-out-onerow/logs
 
 # The same after one untimed pass of the learning arms over the workload: a warm store.
 bench-warm: setup

@@ -5,6 +5,7 @@
     python -m benchmarks.bench memory [--tokens N] [--rounds K]
     python -m benchmarks.bench step [--context C]
     python -m benchmarks.bench load [--clients 1,4] [--requests N] [--repeats K]
+    python -m benchmarks.bench onerow LOGS [--json]
 
 A bad argument is one line on stderr and exit code 2, as for adaspark's own commands.
 
@@ -762,6 +763,39 @@ def memory(
           "time is building the candidate nodes a found chain gives, as for a chain from the request's own text")
     print(f"added by the memory: median {statistics.median(times['memory']) - statistics.median(times['none']):.4f} ms, "
           f"mean {statistics.mean(times['memory']) - statistics.mean(times['none']):.4f} ms")
+
+
+@app.command()
+def onerow(
+    logs: Path = typer.Argument(..., help="The round logs of one compare run: ar.jsonl and the arms' logs."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Is width 1 plain decoding? Each speculating arm's one-row decodes over ar's at the same
+    request and context (evaluate/onerow.py): after a one-row round, and right after a wider
+    verify (llama.cpp's graph rebuild), side by side."""
+    from dataclasses import asdict
+
+    from adaspark_core.evaluate.onerow import one_row
+    from adaspark_core.store.record import read_log
+
+    if not (logs / "ar.jsonl").is_file():
+        raise SystemExit(f"no ar.jsonl in {logs}: give the --logs folder of a compare run with the ar arm")
+    ar = list(read_log(logs / "ar.jsonl"))
+    arms = sorted(f for f in logs.glob("*.jsonl") if f.stem not in ("ar", "traces") and not f.stem.startswith("warm-"))
+    results = {f.stem.replace("_", ":"): one_row(ar, read_log(f)) for f in arms}
+    if as_json:
+        print(orjson.dumps({a: asdict(r) for a, r in results.items()}).decode())
+        return
+
+    def num(x, fmt="{:.4f}"):
+        return "-" if x is None else fmt.format(x)
+
+    rows = [[a, r.pairs, num(r.median), f"{num(r.reply_median)} [{num(r.lo)}, {num(r.hi)}] ({r.replies})",
+             r.after_wider, num(r.after_wider_median), num(r.rebuild_share, "{:.2%}")] for a, r in results.items()]
+    print(f"one-row llama_decode time over ar's at the same request and context ({logs})")
+    print(tabulate(rows, headers=["arm", "pairs after 1 row", "median", "median of replies [95%] (replies)",
+                                  "pairs after a wider verify", "median", "its share of decode time"],
+                   disable_numparse=True))
 
 
 if __name__ == "__main__":
