@@ -1,10 +1,11 @@
 """Requests decoded together: each step, one verify holds every active request's tree.
 
 llama-server's continuous batching, with trees and widths chosen for the whole step. A step
-settles every request's previous round (learned and logged, in the requests' order), proposes
-each request's candidates, decides (``decide_step``), runs one verify of all their rows on the
-engine's slots (``LlamaBatch.verify``: one llama_decode), and finishes each request's round on its
-own (accept, commit, record); the caller streams what each emitted. Requests join (``add``) and
+drives every request's round through the steps a lone round takes (decode/generation.py): each
+learns from its previous round (in the requests' order) and proposes; ``decide_step`` decides them
+together; one verify holds all their rows on the engine's slots (``LlamaBatch.verify``: one
+llama_decode); each completes its own round (accept, commit, record); the caller streams what each
+emitted. Requests join (``add``) and
 leave (finished, or ``drop``) between steps. A joining request's prompt goes into the next steps'
 decodes in chunks, beside the running requests' rows (``LlamaTarget.start(defer=True)``), so it
 never stalls them for its whole length; the request plans its first round once its slot has no
@@ -40,6 +41,7 @@ from adaspark_core.decode.generation import Generation, RoundPlan
 from adaspark_core.decode.round import RoundDecision, decide_round, fitted_to, price_round
 from adaspark_core.engine.base import Target, Verified
 from adaspark_core.learn.learned import Learners
+from adaspark_core.store.record import Step
 
 # (slot, layout) of every request that verifies, and the slots whose prompts are still pending.
 VerifyTogether = Callable[[list[tuple[Target, Layout]], list[Target]], list[Verified]]
@@ -86,7 +88,7 @@ class Batch:
         # (``take_failed``); a request whose clean-up also raised is in it once more.
         self.failed: list[tuple[Generation, Exception]] = []
 
-    def settle(self) -> None:
+    def learn_previous_rounds(self) -> None:
         """Every active request's previous round learns and is logged (each step begins so).
         Call it before making a joining request's Generation: a first sampled request copies its
         regime from the learners as they are then (Learners.regime), and replay copies it once
@@ -94,7 +96,7 @@ class Batch:
         or logged fails alone (``fail``)."""
         for gen in list(self.active):
             try:
-                gen.settle()
+                gen.learn_previous_round()
             except Exception as e:
                 self.fail(gen, e)
 
@@ -158,14 +160,14 @@ class Batch:
         ``failed`` instead (whose failure is whose: the module's docstring)."""
         if not self.active:
             return []
-        self.settle()  # every previous round learns before any request decides
+        self.learn_previous_rounds()  # every previous round learns before any request decides
         ready = [g for g in self.active if not g.target.pending]
         filling = [g for g in self.active if g.target.pending]
         t0 = ready[0].clock() if ready else 0.0
         plans: dict[Generation, RoundPlan] = {}  # in the requests' order
         for gen in ready:
             try:
-                plans[gen] = gen.propose(gen.stats.rounds, gen.target.room())
+                plans[gen] = gen.propose()
             except Exception as e:
                 self.fail(gen, e)
         # Every row attends every cell in use: the verifying requests' contexts and the prompts
@@ -206,21 +208,20 @@ class Batch:
         out = []
         for i, (gen, ver) in enumerate(zip(active, verified)):
             try:
-                out.append((i, gen, gen.finish_round(plans[gen], ver)))
+                out.append((i, gen, gen.complete(plans[gen], ver)))
             except Exception as e:
                 self.fail(gen, e, plans[gen].layout)
-        step = {"batch": self.id, "id": self.steps, "requests": len(active),
-                "rows": sum(plans[g].layout.width for g in active), "cells": cells, "draft": draft_ms,
-                "last": any(gen.finish is not None for _, gen, _ in out)}
-        if prefill:
-            step["prefill"] = prefill  # prompt tokens that rode in this step's decode
+        began = None
         if out:  # the records that name the requests that began (none if every round failed)
-            step["began"] = [[g.request_id, g.sampling is not None] for g in self._began]
+            began = [[g.request_id, g.sampling is not None] for g in self._began]
             for g in self._began:
                 g.announced = True
             self._began = []
+        rows, last = sum(plans[g].layout.width for g in active), any(gen.finish is not None for _, gen, _ in out)
         for i, gen, _ in out:  # ``index``: the place in the step's verify, a request that failed there counted
-            gen.last_record.step = {**step, "index": i, "lead": i == 0, "max_rows": plans[gen].max_rows}
+            gen.last_record.step = Step(self.id, self.steps, len(active), rows, cells, draft_ms, last, index=i,
+                                        lead=i == 0, max_rows=plans[gen].max_rows, prefill=prefill or None,
+                                        began=began)
         self.steps += 1
         for _, gen, _ in out:
             if gen.finish is not None:

@@ -2,8 +2,10 @@
 ``round.decide_round`` prices, orders and picks the width, the target verifies, ``tree.accept_walk``
 returns what was accepted, and the generation does the bookkeeping (stopping, commit, the
 proposers told, statistics, the record; learning and the log once the round's tokens are out).
-``Generation.plan`` is everything before the verify and ``Generation.complete`` everything after, so
-a verify can be shared between requests (decode/batch.py)."""
+A round is five steps, driven alike by ``Generation.__iter__`` (a round verified alone) and by a
+batched step (decode/batch.py, several requests' rounds in one verify): ``learn_previous_round``,
+``propose``, ``decide`` (batched: ``batch.decide_step``, then ``decided``), the target's verify,
+and ``complete``."""
 
 from __future__ import annotations
 
@@ -34,13 +36,13 @@ from adaspark_core.decode.round import (
 )
 from adaspark_core.engine.base import Target, Verified
 from adaspark_core.learn.learned import Learners
-from adaspark_core.store.record import RoundLog, RoundRecord, Timing
+from adaspark_core.store.record import Drafting, RoundLog, RoundRecord, Timing
 
 
 @dataclass(slots=True)
 class RoundPlan:
-    """A round between its decision and its verify: what ``Generation.plan`` proposed and decided,
-    and what ``Generation.complete`` needs after the verify."""
+    """A round before its verify: what ``Generation.propose`` proposed and ``decide`` decided, and
+    what ``Generation.complete`` needs after the verify."""
 
     rnd: int
     t0: float  # the round's start (clock)
@@ -51,7 +53,7 @@ class RoundPlan:
     cand_dicts: list[dict]  # the record's candidates, priced (q set by decide_round)
     p_src: float | None
     max_rows: int  # the most rows this round may verify (the arm, the target, the context)
-    drafting: dict | None = None  # a draft model's forwards (RoundRecord.drafting)
+    drafting: Drafting | None = None  # a draft model's forwards
     decision: RoundDecision | None = None
     layout: tree.Layout | None = None  # the rows to verify, depth first
 
@@ -202,7 +204,7 @@ class Generation:
         self.end_token: int | None = None  # the end-of-generation token a stopped reply ended on
         self.last_record: RoundRecord | None = None
         self.stats = Stats()
-        self._unsettled: RoundRecord | None = None  # the latest round, until it has learned
+        self._held: RoundRecord | None = None  # the latest round, until it has learned
         self._closed = False
         self.batched = False  # decoded together with other requests (``begin``)
         # The round log says the request began: its first record (alone) or a step's ``began``
@@ -211,29 +213,17 @@ class Generation:
         self.announced = False
 
     def __iter__(self) -> Iterator[list[int]]:
-        """Round by round, each verified alone: propose and decide (``next_plan``), verify, and
-        accept, commit and record (``finish_round``). A batch of requests (decode/batch.py)
-        plans each, verifies them together and finishes each."""
+        """Round by round, each verified alone. A round is the same five steps here and in a
+        batched step (decode/batch.py, which verifies several requests' rounds in one decode):
+        learn from the round before, propose, decide, verify, complete."""
         self.begin()
         try:
             while self.finish is None:
-                plan = self.next_plan()
-                yield self.finish_round(plan, self.target.verify(plan.layout))
+                self.learn_previous_round()
+                plan = self.decide(self.propose())
+                yield self.complete(plan, self.target.verify(plan.layout))
         finally:
             self.close()
-
-    def next_plan(self) -> RoundPlan:
-        """The next round up to its verify: ``plan`` at its number with the room left. (A round
-        never commits past the context, see the depth limit in plan, and the prompt leaves room
-        for one token, so room() >= 1 here.)"""
-        return self.plan(self.stats.rounds, self.target.room())
-
-    def finish_round(self, plan: RoundPlan, ver: Verified) -> list[int]:
-        """The round after its verify (``complete``), stamped on the clock as a delta of the
-        reply (Stats.delta). Returns the tokens it emitted."""
-        emitted = self.complete(plan, ver)
-        self.stats.delta(len(emitted), self.clock())
-        return emitted
 
     def begin(self, batched: bool = False) -> None:
         """The request starts: its prompt into the target, every proposer and the learners.
@@ -258,8 +248,8 @@ class Generation:
         if self._closed:
             return
         self._closed = True
-        if self._unsettled is not None:
-            rec, self._unsettled = self._unsettled, None
+        if self._held is not None:
+            rec, self._held = self._held, None
             self.finish = self.finish or INTERRUPTED
             rec.last, rec.finish = True, self.finish
             self._learn_and_log(rec)
@@ -278,26 +268,18 @@ class Generation:
     def last_width(self) -> int:
         return self.last_record.width if self.last_record else 0
 
-    def settle(self) -> None:
-        """The previous round learns and is logged: after its tokens went out, before this round
-        decides; held until now so that, if it was the last, its record can say so."""
-        if self._unsettled is not None:
-            rec, self._unsettled = self._unsettled, None
+    def learn_previous_round(self) -> None:
+        """The previous round learns and is logged. It waits until now, after its tokens went out,
+        so that no client waits for learning, and so that the reply's last round, which only the
+        round after it (or ``close``) knows is last, is marked so before anyone learns from it."""
+        if self._held is not None:
+            rec, self._held = self._held, None
             self._learn_and_log(rec)
 
-    def plan(self, rnd: int, room: int) -> RoundPlan:
-        """Propose (every source, in order) and decide (price, order, width): the tree to verify.
-        ``room``: how many more tokens the context takes after the anchor. The previous round
-        learns first (``settle``)."""
-        plan = self.propose(rnd, room)
-        self.use_learners()
-        return self.decided(plan, decide_round(plan.cand_dicts, plan.context, plan.p_src, self.arm,
-                                               plan.max_rows, self.learners))
-
-    def propose(self, rnd: int, room: int) -> RoundPlan:
-        """The round's candidates, undecided (the previous round learns first: ``settle``)."""
-        self.settle()
+    def propose(self) -> RoundPlan:
+        """The round's candidates from every source, in order, undecided."""
         target, arm = self.target, self.arm
+        rnd, room = self.stats.rounds, target.room()  # (the prompt leaves room for one token: room >= 1)
         t0 = self.clock()
         if rnd == 0:
             self.stats.t_decode = t0  # the zero of the records' ``start``
@@ -317,9 +299,16 @@ class Generation:
         p_src = self.ngram.p_src if self.ngram is not None else None
         drafting = None
         if draft is not None:
-            drafting = {**(draft.last_draft or {"forwards": [], "rows": 0, "limit": 0}), "max_rows": max_rows}
+            drafting = Drafting(**(draft.last_draft or {"forwards": [], "rows": 0, "limit": 0}), max_rows=max_rows)
         return RoundPlan(rnd, t0, t0, target.anchor, target.n_past + 1, cands, [c.to_dict() for c in cands],
                          p_src, max_rows, drafting)
+
+    def decide(self, plan: RoundPlan) -> RoundPlan:
+        """Price, order and choose the width of a round verified alone (a batched step decides its
+        requests together: batch.decide_step)."""
+        self.use_learners()
+        return self.decided(plan, decide_round(plan.cand_dicts, plan.context, plan.p_src, self.arm,
+                                               plan.max_rows, self.learners))
 
     def decided(self, plan: RoundPlan, decision: RoundDecision) -> RoundPlan:
         """``plan`` with its decision and the rows to verify, depth first."""
@@ -336,7 +325,8 @@ class Generation:
     def complete(self, plan: RoundPlan, ver: Verified) -> list[int]:
         """After the verify: walk the rows the target agrees with, commit the accepted path and the
         target's own next token (up to the end token or the budget), tell every source, count, and
-        build the round's record. Returns the tokens the round emitted."""
+        build the round's record; the tokens go out as a delta of the reply (Stats.delta). Returns
+        the tokens the round emitted."""
         target, lay = self.target, plan.layout
         if self.sampling is None:
             path_rows, bonus = tree.accept_walk(lay, ver.argmax)
@@ -360,11 +350,13 @@ class Generation:
             finish = CONTEXT
         self.finish = finish
         self._record(plan, ver, path_rows, bonus, emitted, commit_ms, finish)
+        self.stats.delta(len(emitted), self.clock())
         return emitted
 
     def _record(self, plan: RoundPlan, ver: Verified, path_rows: list[int], bonus: int, emitted: list[int],
                 commit_ms: float, finish: str | None) -> None:
-        """Count the round and build its record; it learns and is logged when settled."""
+        """Count the round and build its record; it learns and is logged at the next round's
+        ``learn_previous_round`` or at ``close``."""
         st, p, lay = self.stats, plan.decision, plan.layout
         draft_ms = (plan.t_proposed - plan.t0) * 1e3
         st.rounds += 1
@@ -399,7 +391,7 @@ class Generation:
             drafting=plan.drafting,
         )
         self.last_record = rec
-        self._unsettled = rec  # learns at the next round or when the reply ends (__iter__)
+        self._held = rec  # learns at the next round or when the reply ends (learn_previous_round, close)
 
     def _learn_and_log(self, rec: RoundRecord) -> None:
         self.announced = True

@@ -227,7 +227,7 @@ def _replay(records: Iterable[RoundRecord], learners: Learners, report: Report, 
     for group in _decided_together(records):
         if group[0].step is not None:
             # Requests that began since the last step begin before this one decides, as they did
-            # live (step["began"]), also where the step itself is left out: their state starts there.
+            # live (its step's ``began``), also where the step itself is left out: their state starts there.
             began, replayed = whole.step(group)
             for request, sampled in began:
                 learners.regime(sampled).start_request(request, alone=False)
@@ -380,17 +380,17 @@ class _Whole:
         it (those of a learning arm), and whether the step is replayed."""
         s = group[0].step
         learning = any(_arm(r).learns for r in group)
-        began = s.get("began")
+        began = s.began
         if began is None:  # a log older than chunked prefill: each began at its first round's step
             began = [[r.request, r.sampling is not None] for r in group if r.first]
         if learning and began:
             self._drop(batched=False)
         for request, sampled in began:
             self.held[request] = _Held(0, learning, sampled, True)
-        where = f"step {s['batch']}/{s['id']}"
-        n = s["requests"]
+        where = f"step {s.batch}/{s.id}"
+        n = s.requests
         why = None
-        if len(group) != n or {r.step["index"] for r in group} != set(range(n)):
+        if len(group) != n or {r.step.index for r in group} != set(range(n)):
             why = f"{where} has {len(group)} of its {n} rounds"
         elif learning and len({r.arm for r in group}) > 1:
             why = f"{where} mixes arms"
@@ -429,7 +429,7 @@ def _decided_together(records: Iterable[RoundRecord]) -> Iterator[list[RoundReco
 
 
 def _step_key(rec: RoundRecord) -> tuple:
-    return rec.step.get("batch"), rec.step["id"]
+    return rec.step.batch, rec.step.id
 
 
 def _time_step(group: list[RoundRecord], report: Report) -> None:
@@ -437,14 +437,14 @@ def _time_step(group: list[RoundRecord], report: Report) -> None:
     request's proposing and deciding, the engine's batch build and argmax read, the commits, the
     learning of its rounds, which runs at the next step). A step that carried prompt tokens is
     only counted: its decode is mostly the prompt's."""
-    lead = next((r for r in group if r.step.get("lead")), group[0])
-    c = report.step_times[lead.step["requests"]]
-    if lead.step.get("prefill"):
+    lead = next((r for r in group if r.step.lead), group[0])
+    c = report.step_times[lead.step.requests]
+    if lead.step.prefill:
         c["prefill_steps"] += 1
         return
     c["steps"] += 1
     c["decode"] += lead.times.decode
-    c["plan"] += lead.step["draft"]
+    c["plan"] += lead.step.draft
     c["engine"] += lead.times.verify - lead.times.decode
     c["commit"] += sum(r.times.commit for r in group)
     c["learn"] += sum(r.times.learn for r in group)
@@ -471,7 +471,7 @@ def _replay_step(group: list[RoundRecord], learners: Learners, report: Report,
         if rec.first:
             open_reqs[rec.request] = RequestStats(rec.request, sampled=rec.sampling is not None)
             report.requests.append(open_reqs[rec.request])
-    ordered = sorted(group, key=lambda r: r.step["index"])
+    ordered = sorted(group, key=lambda r: r.step.index)
     priced_of: dict[int, list[dict]] = {}
     for sampled in (False, True):
         recs = [r for r in ordered if (r.sampling is not None) == sampled]
@@ -479,8 +479,8 @@ def _replay_step(group: list[RoundRecord], learners: Learners, report: Report,
             continue
         regime = learners.regime(sampled)
         plans = [RoundPlan(r.round, 0.0, 0.0, r.anchor, r.context, [], [dict(c) for c in r.candidates], r.p_src,
-                           r.step["max_rows"]) for r in recs]
-        decisions = decide_step(plans, [_arm(r) for r in recs], regime, recs[0].step["cells"],
+                           r.step.max_rows) for r in recs]
+        decisions = decide_step(plans, [_arm(r) for r in recs], regime, recs[0].step.cells,
                                 lambda k, recs=recs, regime=regime: regime.use(recs[k].request))
         for r, plan, dec in zip(recs, plans, decisions):
             if check:
@@ -502,7 +502,7 @@ def _replay_step(group: list[RoundRecord], learners: Learners, report: Report,
         if rec.last:
             req.finish = rec.finish
             open_reqs.pop(rec.request, None)
-        report.batched[rec.step["requests"]][rec.width] += 1
+        report.batched[rec.step.requests][rec.width] += 1
         _observe(report, rec, _arm(rec), chooser_before, d_ms)
 
 
@@ -537,15 +537,15 @@ def _check_depth(rec: RoundRecord, learners: Learners) -> None:
     on at every position it drafted, off at the one it stopped before (if the block's limit did
     not stop it). Where an end token cut the draft's last picks, only the positions before it."""
     dr = rec.drafting
-    if dr is None or dr["limit"] == 0:
+    if dr is None or dr.limit == 0:
         return
-    go_on = draft_rule(learners, rec.context, dr["max_rows"])
+    go_on = draft_rule(learners, rec.context, dr.max_rows)
     hs = [c["h"] for c in sorted((c for c in rec.candidates if c["source"] == PICK), key=lambda c: c["depth"])]
-    depth = len(dr["forwards"])
+    depth = len(dr.forwards)
     for i in range(min(depth, len(hs)) + 1):
-        if i == dr["limit"]:  # the block's limit stopped it: go_on was not asked
+        if i == dr.limit:  # the block's limit stopped it: go_on was not asked
             break
-        if go_on(hs[:i], dr["limit"]) != (i < depth):
+        if go_on(hs[:i], dr.limit) != (i < depth):
             raise ReplayMismatch(f"request {rec.request} round {rec.round}: replay drafts {'past' if i == depth else 'only'} "
                                  f"{i} positions; the log has {depth}")
 

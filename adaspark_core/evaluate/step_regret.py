@@ -115,17 +115,17 @@ def step_views(records: list[RoundRecord]) -> tuple[list[StepView], int]:
     groups: dict[tuple, list[RoundRecord]] = defaultdict(list)
     for rec in records:
         if rec.step is not None:
-            groups[(rec.step.get("batch"), rec.step["id"])].append(rec)
+            groups[(rec.step.batch, rec.step.id)].append(rec)
     views, sampled = [], 0
     for group in groups.values():
         if any(r.sampling is not None for r in group):
             sampled += 1
             continue
-        lead = next((r for r in group if r.step.get("lead")), group[0])
+        lead = next((r for r in group if r.step.lead), group[0])
         s = lead.step
-        host = s["draft"] + (lead.times.verify - lead.times.decode) + sum(r.times.commit + r.times.learn for r in group)
-        views.append(StepView([(accepted[id(r)], r.step.get("max_rows", r.width), r.width) for r in group],
-                              s["cells"], s["rows"], lead.times.decode, host, bool(s.get("prefill")),
+        host = s.draft + (lead.times.verify - lead.times.decode) + sum(r.times.commit + r.times.learn for r in group)
+        views.append(StepView([(accepted[id(r)], r.step.max_rows, r.width) for r in group],
+                              s.cells, s.rows, lead.times.decode, host, bool(s.prefill),
                               sum(len(r.path) + 1 for r in group)))
     return views, sampled
 

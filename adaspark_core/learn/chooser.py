@@ -390,7 +390,7 @@ class AdaptiveWidth:
         chooser each request's own rate."""
         if rec.step is None:
             self.cost.learn(rec)
-        elif rec.step["lead"] and not rec.step.get("prefill"):  # a prompt's chunk is not a verify's cost
+        elif rec.step.lead and not rec.step.prefill:  # a prompt's chunk is not a verify's cost
             self.cost.learn(rec.as_step())
         self.chooser.learn(rec)
 

@@ -388,7 +388,7 @@ class CostModel:
             return
         # D is the host's part of proposing: a draft model's forwards are the depth learner's to
         # price (learn/depth.py), and a D that held them would count them again at every width.
-        forwards = sum(rec.drafting["forwards"]) if rec.drafting else 0.0
+        forwards = sum(rec.drafting.forwards) if rec.drafting else 0.0
         self.d_recent.append(max(rec.times.draft - forwards, 0.0))
         k = self.classes.get(rec.width)
         if k is not None:

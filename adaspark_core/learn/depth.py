@@ -138,10 +138,10 @@ class DraftDepth:
     def learn(self, rec) -> None:
         """Fold one round in: its forwards' times, its verified picks' outcomes, the probe clock."""
         dr = rec.drafting
-        if dr is None or dr["limit"] == 0:  # no draft model, or no room to draft: no decision
+        if dr is None or dr.limit == 0:  # no draft model, or no room to draft: no decision
             return
         self.rounds += 1
-        forwards = dr["forwards"]
+        forwards = dr.forwards
         if not forwards:
             self.idle += 1
             return
@@ -153,7 +153,7 @@ class DraftDepth:
         else:
             self.probe_every = self.p.probe
         self.idle = 0
-        if dr["rows"] <= self.p.first_rows:
+        if dr.rows <= self.p.first_rows:
             self.first.observe(rec.context, forwards[0])
         for ms in forwards[1:]:
             self.next.observe(rec.context, ms)

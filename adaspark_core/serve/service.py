@@ -173,8 +173,8 @@ class BatchServer:
               cancelled: Callable[[], bool] | None = None) -> None:
         """Start a request in a free slot (its prompt goes in with the next steps); InputError if
         it cannot be served, the slot given back. A running request whose round cannot be logged
-        meanwhile (Batch.settle) fails, answered by the next ``step``."""
-        self.batch.settle()  # before the request's learners are chosen (Batch.settle)
+        meanwhile (Batch.learn_previous_rounds) fails, answered by the next ``step``."""
+        self.batch.learn_previous_rounds()  # before the request's learners are chosen (Batch.learn_previous_rounds)
         slot = self.free.pop()
         try:
             gen = self.rt.generation(prompt, max_tokens, request_id=name, sampling=sampling, target=slot)

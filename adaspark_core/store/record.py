@@ -75,6 +75,58 @@ class Timing:
 
 
 @dataclass(slots=True)
+class Step:
+    """One request's round in a step verified together with other requests' rounds
+    (decode/batch.py). The step's own fields are the same on every record of the step; ``index``,
+    ``lead`` and ``max_rows`` are this round's place in it."""
+
+    batch: str  # the batch's id: tells one run's steps from another's in one log
+    id: int  # the step's number in its batch
+    requests: int  # rounds verified in the step
+    rows: int  # every request's rows
+    cells: int  # every request's context: each row attends them all
+    draft: float  # ms of every request's proposing and pricing
+    last: bool  # a request ended in it
+    index: int  # this round's place in the step's verify (the lead first)
+    lead: bool  # the step's first record, which carries the step's cost to the cost model
+    max_rows: int  # this request's bound on its rows
+    # Prompt tokens of joining requests that rode in the step's decode (such a step does not teach
+    # the cost model); None: none.
+    prefill: int | None = None
+    # [request, sampled] of the requests that joined since the previous step: their per-request
+    # learner state starts there, before their prompts are in. None: a log from before chunked prefill.
+    began: list[list] | None = None
+
+    def shared(self) -> tuple:
+        """The fields every record of the step holds alike."""
+        return (self.batch, self.id, self.requests, self.rows, self.cells, self.draft, self.last, self.prefill,
+                self.began)
+
+    def to_json(self) -> dict:
+        d = {"batch": self.batch, "id": self.id, "requests": self.requests, "rows": self.rows, "cells": self.cells,
+             "draft": self.draft, "last": self.last}
+        if self.prefill is not None:
+            d["prefill"] = self.prefill
+        if self.began is not None:
+            d["began"] = self.began
+        d.update(index=self.index, lead=self.lead, max_rows=self.max_rows)
+        return d
+
+
+@dataclass(slots=True)
+class Drafting:
+    """A draft model's draft in one round (drafters.ModelDrafter): the depth learner's inputs."""
+
+    forwards: list[float]  # ms of each forward, one a position drafted (none: a depth of 0)
+    rows: int  # tokens the first forward decoded (the anchor and what the draft cache had not seen; 0 without one)
+    limit: int  # the most positions it could draft
+    max_rows: int  # the round's bound on its verify
+
+    def to_json(self) -> dict:
+        return {"forwards": self.forwards, "rows": self.rows, "limit": self.limit, "max_rows": self.max_rows}
+
+
+@dataclass(slots=True)
 class RoundRecord:
     request: str
     round: int  # 0-based index within the request
@@ -99,23 +151,11 @@ class RoundRecord:
     # A sampled request's settings (temperature, top_k, top_p, min_p) and its seed: the round
     # belongs to the sampled regime's learners (learned.Learners.regime); None: greedy.
     sampling: dict | None = None
-    # A round verified together with other requests' rounds (decode/batch.py): the step's
-    # ``id`` (a counter of its batch), ``requests`` in it, its ``rows`` and ``cells`` (every
-    # request's context: each row attends them all), its ``draft`` time (every request's
-    # proposing and pricing), ``max_rows`` (this request's bound), ``lead`` (the step's first
-    # record, which carries the step's cost to the cost model), ``last`` (a request ended in
-    # it) and, where a joining request's prompt tokens rode in its decode, ``prefill`` (how
-    # many; such a step does not teach the cost model) and ``began`` ([request, sampled] of the
-    # requests that joined since the previous step: their per-request learner state starts
-    # there, before their prompts are in). None: verified alone.
-    step: dict | None = None
-    # A draft model's draft this round (drafters.ModelDrafter, learn/depth.py): ``forwards``, the
-    # time of each forward in ms, one a position drafted (none: a depth of 0); ``rows``, how
-    # many tokens the first one decoded (the anchor and what the draft cache had not seen; 0
-    # without one); ``limit``, the most positions it could draft; ``max_rows``, the round's
-    # bound on its verify (the depth learner's inputs). None: no draft model drafts position by
-    # position in this round.
-    drafting: dict | None = None
+    # A round verified together with other requests' rounds (decode/batch.py); None: alone.
+    step: Step | None = None
+    # A draft model's draft this round (drafters.ModelDrafter, learn/depth.py); None: no draft
+    # model drafts position by position in this round.
+    drafting: Drafting | None = None
     schema: int = field(default=SCHEMA)
 
     @property
@@ -127,8 +167,8 @@ class RoundRecord:
         """The step this record leads, as one round of all its rows over all its cells: what the
         verify-cost model learns from (its time is the step's)."""
         s = self.step
-        return replace(self, decision=replace(self.decision, width=s["rows"]), context=s["cells"], first=False,
-                       last=s["last"], times=replace(self.times, draft=s["draft"]))
+        return replace(self, decision=replace(self.decision, width=s.rows), context=s.cells, first=False,
+                       last=s.last, times=replace(self.times, draft=s.draft))
 
     def to_json(self) -> dict:
         """A shallow dict for orjson: the record's own lists and dicts are shared, not copied
@@ -139,6 +179,10 @@ class RoundRecord:
         decided = {"offered": offered, "prices": prices, "width": dec.width, "measure": dec.measure}
         d = {f: decided[f] if f in decided else getattr(self, f) for f in LINE_FIELDS}
         d["times"] = {**{f: getattr(self.times, f) for f in _TIMING_FIELDS}, "total": self.times.total}
+        if self.step is not None:
+            d["step"] = self.step.to_json()
+        if self.drafting is not None:
+            d["drafting"] = self.drafting.to_json()
         return d
 
     @staticmethod
@@ -185,7 +229,9 @@ def _record(d: dict) -> RoundRecord:
     t = d.pop("times")
     t.pop("total", None)
     decision = WidthDecision.logged(d.pop("width"), d.pop("offered"), d.pop("prices"), d.pop("measure"))
-    return RoundRecord(times=Timing(**t), decision=decision, **d)
+    step, drafting = d.pop("step"), d.pop("drafting")
+    return RoundRecord(times=Timing(**t), decision=decision, step=None if step is None else Step(**step),
+                       drafting=None if drafting is None else Drafting(**drafting), **d)
 
 
 # --- what a line may hold (RoundRecord.from_json, read_log) ----------------------------------------
@@ -388,8 +434,7 @@ _SAMPLING = _Object({"temperature": _num(_TINY, None), "top_k": _int(0), "top_p"
 _STEP = _Object({"batch": _text(), "id": _int(0), "requests": _int(1), "rows": _int(1), "cells": _int(1),
                  "draft": _MS, "last": _FLAG, "index": _int(0), "lead": _FLAG, "max_rows": _int(1)},
                 {"prefill": _int(1), "began": _List(_Field(frozenset({list}), "a [request, sampled] pair"))}, null=True)
-_STEP_OWN = ("index", "lead", "max_rows")
-_DRAFTING = _Object({"forwards": _List(_MS), "rows": _int(0), "limit": _int(0), "max_rows": _int(1)}, null=True)  # the fields of a step's record that are its round's own
+_DRAFTING = _Object({"forwards": _List(_MS), "rows": _int(0), "limit": _int(0), "max_rows": _int(1)}, null=True)
 
 _RECORD = _Object({
     "request": _text(), "round": _int(0), "context": _int(1), "arm": _text(), "anchor": _TOKEN,
@@ -403,6 +448,8 @@ _RECORD = _Object({
     "schema": _int(SCHEMA, SCHEMA),
 })
 assert set(_RECORD.known) == set(LINE_FIELDS) and set(_TIMES.known) == set(_TIMING_FIELDS)
+assert {**_STEP.known, **_STEP.optional}.keys() == {f.name for f in fields(Step)}
+assert _DRAFTING.known.keys() == {f.name for f in fields(Drafting)}
 
 
 def check(d: dict) -> None:
@@ -627,21 +674,21 @@ class _Steps:
         if s is None:
             self.key = None
             return
-        key, shared = (s["batch"], s["id"]), {k: v for k, v in s.items() if k not in _STEP_OWN}
+        key, shared = (s.batch, s.id), s.shared()
         if key != self.key:
             self.key, self.shared, self.requests, self.indices = key, shared, set(), set()
             self.rows = self.cells = 0
         elif shared != self.shared:
-            raise _Bad(f"step {s['batch']}/{s['id']}: its fields differ from those of the step's line before")
-        if rec.request in self.requests or s["index"] in self.indices:
-            raise _Bad(f"step {s['batch']}/{s['id']}: a second round of request {rec.request} or at index {s['index']}")
+            raise _Bad(f"step {s.batch}/{s.id}: its fields differ from those of the step's line before")
+        if rec.request in self.requests or s.index in self.indices:
+            raise _Bad(f"step {s.batch}/{s.id}: a second round of request {rec.request} or at index {s.index}")
         self.requests.add(rec.request)
-        self.indices.add(s["index"])
+        self.indices.add(s.index)
         self.rows += rec.width
         self.cells += rec.context
-        if len(self.indices) == s["requests"] and (self.rows != s["rows"] or self.cells > s["cells"]):
-            raise _Bad(f"step {s['batch']}/{s['id']}: its rounds' widths add up to {self.rows} rows and their "
-                       f"contexts to {self.cells} cells; the step says {s['rows']} rows, {s['cells']} cells")
+        if len(self.indices) == s.requests and (self.rows != s.rows or self.cells > s.cells):
+            raise _Bad(f"step {s.batch}/{s.id}: its rounds' widths add up to {self.rows} rows and their "
+                       f"contexts to {self.cells} cells; the step says {s.rows} rows, {s.cells} cells")
 
 
 # A record holds one round: at most MAX_WIDTH rows and their candidates (the fixture log's largest

@@ -63,16 +63,16 @@ def test_a_draft_model_decodes_exactly_and_its_cache_follows_the_targets(lm, tar
         assert drafter.n_past == target.n_past and drafter.anchor == target.anchor
         assert drafter.seq.n_past + len(drafter.pending) == target.n_past
         picks = [c for c in rec.candidates if c["source"] == PICK]
-        depth = len(rec.drafting["forwards"])
-        assert len(picks) <= depth <= rec.drafting["limit"] <= 4 and (rec.drafting["rows"] > 0) == (depth > 0)
+        depth = len(rec.drafting.forwards)
+        assert len(picks) <= depth <= rec.drafting.limit <= 4 and (rec.drafting.rows > 0) == (depth > 0)
         # a round with one token of the budget left drafts nothing: the target's own token fills it
         # (which round that is depends on the widths the learners chose, so on timing); a fixed
         # arm drafts its whole block, the adaptive one as deep as its depth learner says
         budget = gen.max_tokens - (rec.context - len(gen.prompt))
         if budget <= 1:
-            assert not picks and rec.drafting["limit"] == 0
+            assert not picks and rec.drafting.limit == 0
         elif not gen.arm.adaptive:
-            assert depth == rec.drafting["limit"] and len(picks) >= 1
+            assert depth == rec.drafting.limit and len(picks) >= 1
         assert all(0 < c["h"] <= 1 and 0 < c["share"] <= 1 for c in picks)
         assert all(0 <= c["share"] <= 1 for c in rec.candidates if c["source"] == SIBLING)
         paths.append(len(rec.path))

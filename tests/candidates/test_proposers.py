@@ -69,14 +69,15 @@ def test_two_requests_planned_verified_and_completed_in_step_reply_as_they_do_al
     gens = [Generation(model.target(n_ctx=512), p, parse_arm(arm), 60) for p in prompts]
     for g in gens:
         g.begin()
-    rnd = 0
     while any(g.finish is None for g in gens):
         live = [g for g in gens if g.finish is None]
-        plans = [g.plan(rnd, g.target.room()) for g in live]
+        plans = []
+        for g in live:
+            g.learn_previous_round()
+            plans.append(g.decide(g.propose()))
         verified = [g.target.verify(p.layout) for g, p in zip(live, plans)]
         for g, p, v in zip(live, plans, verified):
             g.complete(p, v)
-        rnd += 1
     for g in gens:
         g.close()
     assert [(g.tokens, g.finish, g.stats.widths) for g in gens] == [alone(p) for p in prompts]

@@ -109,7 +109,7 @@ def test_a_batched_learning_run_replays_exactly_and_logs_its_steps(lm, tmp_path)
         while queue and free:
             i, name, prompt = queue.pop(0)
             how = SAMPLING if i % 3 == 2 else None
-            batch.settle()  # before its learners are chosen: a first sampled request copies its regime
+            batch.learn_previous_rounds()  # before its learners are chosen: a first sampled request copies its regime
             batch.add(Generation(free.pop(0), prompt, parse_arm("adaspark"), 48, request_id=f"{i}-{name}", log=log,
                                  learners=learners.regime(how is not None), sampling=how))
         for gen, _ in batch.step():
@@ -117,9 +117,9 @@ def test_a_batched_learning_run_replays_exactly_and_logs_its_steps(lm, tmp_path)
                 free.append(gen.target)
     log.close()
     records = list(read_log(tmp_path / "rounds.jsonl"))
-    assert all(r.step is not None for r in records) and max(r.step["requests"] for r in records) == 4
-    assert sum(r.step["lead"] for r in records) == batch.steps  # a step of prompts alone has no round
-    assert any(r.step.get("prefill") for r in records)  # prompts went in beside verifying requests
+    assert all(r.step is not None for r in records) and max(r.step.requests for r in records) == 4
+    assert sum(r.step.lead for r in records) == batch.steps  # a step of prompts alone has no round
+    assert any(r.step.prefill for r in records)  # prompts went in beside verifying requests
     replayed, report = replay(records)  # raises ReplayMismatch at the first disagreement
     assert orjson.dumps(replayed.state()) == orjson.dumps(learners.state())
     by_load = report.to_json()["batched"]
@@ -133,7 +133,7 @@ def test_a_batched_learning_run_replays_exactly_and_logs_its_steps(lm, tmp_path)
                           "--regret", "--json"], capture_output=True, text=True, check=True).stdout
     rep = orjson.loads(out)
     assert rep["regret"] == [] and [a["arm"] for a in rep["step_regret"]] == ["adaspark"]
-    steps = {(r.step["batch"], r.step["id"]) for r in records}
+    steps = {(r.step.batch, r.step.id) for r in records}
     acc = rep["step_regret"][0]
     assert acc["steps"] + acc["left_out_steps"] == len(steps)
     assert acc["fit"] is None or acc["oracle_rate"] >= acc["modelled_rate"] - 1e-9

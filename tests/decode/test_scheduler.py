@@ -145,7 +145,7 @@ def test_the_last_round_learns_after_its_tokens_are_out(tmp_path):
                 break  # a consumer that stops at once; the generator is closed below
         rounds_at_last_yield = seen[-1][1]
         assert gen.finish == "length" and rounds_at_last_yield == len(seen) - 1  # not learned yet
-        del gen  # closing the generator settles the last round
+        del gen  # closing the generator learns from and logs the last round
     assert learners.policy.cost.rounds == len(seen) == len(list(read_log(path)))
 
 

@@ -165,7 +165,7 @@ def record_batched(path, requests=7, slots=3, tokens=40) -> Learners:
         while queue or batch.active:
             while queue and free:
                 i = queue.pop(0)
-                batch.settle()
+                batch.learn_previous_rounds()
                 prompt = [1 + (i * 3 + k * 5) % 40 for k in range(30 + 7 * i)]
                 batch.add(Generation(free.pop(0), prompt, parse_arm("adaspark"), tokens + 17 * (i % 3), request_id=f"r{i}",
                                      log=log, learners=learners, clock=lambda: next(ticks) * 1e-4))
@@ -181,7 +181,7 @@ def batched_log(tmp_path_factory) -> list[bytes]:
     path = tmp_path_factory.mktemp("batched") / "rounds.jsonl"
     live = canonical(record_batched(path).state())
     records = list(read_log(path))
-    assert all(r.step is not None for r in records) and any(r.step.get("prefill") for r in records)
+    assert all(r.step is not None for r in records) and any(r.step.prefill for r in records)
     assert canonical(replay(records)[0].state()) == live
     return path.read_bytes().splitlines(keepends=True)
 

@@ -7,7 +7,7 @@ import pytest
 
 from adaspark_core.base.decision import WidthDecision
 from adaspark_core.evaluate.step_regret import step_account
-from adaspark_core.store.record import RoundRecord, Timing
+from adaspark_core.store.record import RoundRecord, Step, Timing
 
 STEPS = 12
 HOST = 0.5  # each step's planning time, the same at every width
@@ -33,8 +33,8 @@ def a_log(sampled_step: int | None = None, prompt_step: int | None = None) -> li
         prompt = 40 if s == prompt_step else 0  # tokens of a joining prompt riding in the step
         cells = 100 + 10 * s + prompt
         rows = 1 + b_width(s)
-        step = {"batch": "b", "id": s, "requests": 2, "rows": rows, "cells": cells, "draft": HOST,
-                "last": s == STEPS - 1, "max_rows": 64, **({"prefill": prompt} if prompt else {})}
+        step = dict(batch="b", id=s, requests=2, rows=rows, cells=cells, draft=HOST, last=s == STEPS - 1,
+                    max_rows=64, prefill=prompt or None)
         for req, width, tokens, bonus in (("A", 1, [100 + s, 101 + s, 102 + s], 100 + s),
                                           ("B", b_width(s), [999, 998, 997], 500 + s)):
             lead = req == "A"
@@ -46,7 +46,7 @@ def a_log(sampled_step: int | None = None, prompt_step: int | None = None) -> li
                 times=Timing(draft=0.0, verify=dec, commit=0.0, host=0.0, decode=dec),
                 first=s == 0, last=s == STEPS - 1,
                 sampling={"temperature": 1.0, "seed": 1} if s == sampled_step and req == "B" else None,
-                step={**step, "index": int(not lead), "lead": lead}))
+                step=Step(**step, index=int(not lead), lead=lead)))
     return recs
 
 

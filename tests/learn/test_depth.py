@@ -45,7 +45,7 @@ def decode(arm: str, curve: CostCurve, position_ms: float, seeds=range(8), token
                          request_id=f"r{seed}", log=log)
         for emitted in gen:
             tokens_out += len(emitted)
-            depths.append((seed % 2, len(gen.last_record.drafting["forwards"])))
+            depths.append((seed % 2, len(gen.last_record.drafting.forwards)))
         ms += clock.ms
     return tokens_out / ms, depths, learners
 
@@ -88,7 +88,7 @@ def test_replay_asks_again_before_each_forward_and_gets_the_runs_depths(logged):
     assert len({d for _, d in depths}) >= 3  # depths of every kind, 0 included
     replayed, _ = replay(records)  # checks every round's depth
     assert js(replayed.depth.state()) == js(learners.depth.state())
-    assert learners.depth.rounds == sum(r.drafting["limit"] > 0 for r in records)  # not the budget's last token
+    assert learners.depth.rounds == sum(r.drafting.limit > 0 for r in records)  # not the budget's last token
     state = js(learners.depth.state())
     assert js(DraftDepth.from_state(state).state()) == state
     assert js(learners.state())["depth"] == state
@@ -99,9 +99,9 @@ def test_a_log_that_drafted_otherwise_is_a_mismatch(logged):
     have cut the last position's picks): replay's learner stops where the run's did."""
     _, records, _ = logged
     i, rec = next((i, r) for i, r in enumerate(records)
-                  if not r.first and 0 < len(r.drafting["forwards"]) < r.drafting["limit"])
-    depth = len(rec.drafting["forwards"])
-    longer = dataclasses.replace(rec, drafting={**rec.drafting, "forwards": [*rec.drafting["forwards"], 2.0]})
+                  if not r.first and 0 < len(r.drafting.forwards) < r.drafting.limit)
+    depth = len(rec.drafting.forwards)
+    longer = dataclasses.replace(rec, drafting=dataclasses.replace(rec.drafting, forwards=[*rec.drafting.forwards, 2.0]))
     longer = RoundRecord.from_json(orjson.loads(orjson.dumps(longer.to_json())))  # a line the writer could write
     with pytest.raises(ReplayMismatch, match=rf"round {rec.round}: replay drafts only {depth} positions; the log has {depth + 1}"):
         replay([*records[:i], longer, *records[i + 1:]])
@@ -116,7 +116,7 @@ def test_a_log_that_drafted_otherwise_is_a_mismatch(logged):
 ])
 def test_a_drafting_field_the_writer_could_not_have_written_is_refused(logged, bad):
     _, records, _ = logged
-    d = orjson.loads(orjson.dumps(next(r for r in records if r.drafting["forwards"]).to_json()))
+    d = orjson.loads(orjson.dumps(next(r for r in records if r.drafting.forwards).to_json()))
     d["drafting"] = bad
     with pytest.raises(ValueError, match="drafting"):
         RoundRecord.from_json(d)
