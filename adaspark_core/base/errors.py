@@ -9,3 +9,11 @@ class InputError(ValueError):
 class OutputError(Exception):
     """Output that could not be written (a full disk, a closed pipe): not the user's input, so
     the CLI exits with 1, after saving what was learned."""
+
+
+class StoreError(InputError):
+    """A store file that is corrupt, of an unknown schema, or of another model or machine."""
+
+
+class StoreBusy(StoreError):
+    """Another process holds the store's lock."""

@@ -1,4 +1,5 @@
-"""Where AdaSpark keeps its files: the cache home and the folders in it.
+"""Where AdaSpark keeps its files: the cache home and the folders in it; and the one model name
+that is not a file, a simulated model's (``sim:CURVE``, engine/simlm.py).
 
 The ground floor: this module imports nothing from adaspark_core, so the store, the fingerprint
 and the model cache can all name their folders without importing each other.
@@ -31,3 +32,13 @@ def digest_cache_path() -> Path:
 def models_dir() -> Path:
     """``home()/models``: the models prepared into the cache (the requantised default)."""
     return home() / "models"
+
+
+# Here, not in engine/simlm.py: the fingerprint (store/) tells a simulated model's name from a file
+# path without importing the engine.
+SIM_PREFIX = "sim:"  # the prefix of a simulated model's name (``--model sim:CURVE``)
+
+
+def is_sim(spec: object) -> bool:
+    """Whether ``spec`` names a simulated model rather than a file."""
+    return isinstance(spec, str) and spec.startswith(SIM_PREFIX)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from adaspark_core.base.errors import InputError
+from adaspark_core.base.paths import is_sim
 from adaspark_core.base.sampling import Sampling
 from adaspark_core.candidates.memory import NgramMemory
 from adaspark_core.candidates.ngram import KeptIndexes
@@ -53,7 +54,7 @@ class EngineOptions:
 def open_model(spec: str | Path | None):
     """The model ``--model`` names: a SimModel for ``sim:CURVE``, else a loaded GGUF (the default
     model when None). llama.cpp is imported only here, so a simulated run never loads it."""
-    if spec is not None and simlm.is_sim(str(spec)):  # a file named so is ./sim:NAME
+    if spec is not None and is_sim(str(spec)):  # a file named so is ./sim:NAME
         return simlm.SimModel(str(spec))
     from adaspark_core.engine.llama import LlamaModel
     from adaspark_core.engine.models import resolve_model

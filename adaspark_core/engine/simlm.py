@@ -24,11 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from adaspark_core.base.errors import InputError
+from adaspark_core.base.paths import SIM_PREFIX
 from adaspark_core.base.tree import Layout
 from adaspark_core.engine.base import Verified
 from adaspark_core.engine.sim import CURVES, Interference, VirtualClock
-
-PREFIX = "sim:"  # the prefix of a simulated model's name (``--model sim:CURVE``)
 
 BYTE0 = 3
 EOG = 2
@@ -43,15 +42,11 @@ N_CTX = 4096
 SAMPLED_TOP = 3.0
 
 
-def is_sim(spec: object) -> bool:
-    return isinstance(spec, str) and spec.startswith(PREFIX)
-
-
 class SimModel:
     """The model half (tokenizer, chat template, pieces) of ``sim:CURVE``."""
 
     def __init__(self, spec: str):
-        name = spec[len(PREFIX):]
+        name = spec[len(SIM_PREFIX):]
         if name not in CURVES:
             raise InputError(f"unknown simulated model {spec!r}: use sim: with one of {', '.join(sorted(CURVES))}")
         self.name = name

@@ -18,11 +18,11 @@ import copy
 from dataclasses import dataclass, field
 
 from adaspark_core.base.checks import NewerVersion, UnknownField, mapping
+from adaspark_core.base.errors import StoreError
 from adaspark_core.learn.acceptance import AcceptanceModel, AcceptParams, RoundScore
 from adaspark_core.learn.chooser import AdaptiveWidth, Chooser, WidthParams
 from adaspark_core.learn.cost import CostModel
 from adaspark_core.learn.depth import DepthParams, DraftDepth
-from adaspark_core.store.store import StoreError
 
 WIDTH_SECTION = "width"
 ACCEPTANCE_SECTION = "acceptance"

@@ -20,9 +20,7 @@ import orjson
 
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.files import replace
-from adaspark_core.base.paths import digest_cache_path
-from adaspark_core.engine.simlm import PREFIX as SIM_PREFIX
-from adaspark_core.engine.simlm import is_sim
+from adaspark_core.base.paths import SIM_PREFIX, digest_cache_path, is_sim
 
 _CHUNK = 1 << 20  # hash models in 1 MiB chunks: constant memory for any model size
 _DUMP = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
@@ -118,7 +116,7 @@ def fingerprint(model_path: PathLike, drafter_path: PathLike | None = None, *,
     cache = Path(digest_cache) if digest_cache is not None else digest_cache_path()
 
     def ident(p: PathLike) -> dict:
-        if is_sim(str(p)):  # engine/simlm.py: a simulated model is its name
+        if is_sim(str(p)):  # a simulated model (engine/simlm.py) is its name
             return {"sim": str(p)[len(SIM_PREFIX):]}
         p = Path(p)
         return {"size": p.stat().st_size, "sha256": _model_digest(p, cache)}

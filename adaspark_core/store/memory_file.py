@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from adaspark_core.base.errors import InputError, OutputError
+from adaspark_core.base.errors import InputError, OutputError, StoreError
 from adaspark_core.base.files import TooLarge, read_regular, replace
 from adaspark_core.candidates.memory import (
     CHECKSUM_BYTES,
@@ -20,7 +20,6 @@ from adaspark_core.candidates.memory import (
     MemoryFileError,
     NgramMemory,
 )
-from adaspark_core.store.store import StoreError
 
 
 def memory_path(store_path: Path) -> Path:

@@ -44,7 +44,7 @@ from typing import Callable
 
 import orjson
 
-from adaspark_core.base.errors import InputError, OutputError
+from adaspark_core.base.errors import InputError, OutputError, StoreBusy, StoreError
 from adaspark_core.base.files import landing, read_regular, replace
 from adaspark_core.base.paths import stores_dir
 from adaspark_core.base.schema import apply_upgrades
@@ -72,14 +72,6 @@ _HINT = "it was left as is: move it away or run `adaspark store reset`"
 MAX_BYTES = 64 << 20
 
 PathLike = str | os.PathLike
-
-
-class StoreError(InputError):
-    """A store file that is corrupt, of an unknown schema, or of another model or machine."""
-
-
-class StoreBusy(StoreError):
-    """Another process holds the store's lock."""
 
 
 def default_store_path(fp: dict) -> Path:

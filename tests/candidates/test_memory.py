@@ -10,6 +10,7 @@ import orjson
 import pytest
 from conftest import SIM
 
+from adaspark_core.base.errors import StoreError
 from adaspark_core.base.tree import ANCHOR, NGRAM
 from adaspark_core.candidates import memory as mem
 from adaspark_core.candidates.memory import GRAM, NgramMemory
@@ -18,7 +19,6 @@ from adaspark_core.evaluate.replay import replay
 from adaspark_core.store import memory_file
 from adaspark_core.store.fingerprint import fingerprint_key
 from adaspark_core.store.record import read_log
-from adaspark_core.store.store import StoreError
 
 
 def docs(n, length, vocab=40, seed=1):

@@ -13,11 +13,11 @@ from conftest import PROMPTS, ROOT, SIM
 from helpers import adaspark, assert_one_error_line
 
 from adaspark_core.base.decision import WidthDecision
-from adaspark_core.base.errors import InputError
+from adaspark_core.base.errors import InputError, StoreBusy
 from adaspark_core.base.files import replace
 from adaspark_core.candidates.memory import CHECKSUM_BYTES
 from adaspark_core.store.record import LogWriteError, RoundLog, RoundRecord, Timing, read_log
-from adaspark_core.store.store import Store, StoreBusy
+from adaspark_core.store.store import Store
 
 FP = {"model": {"size": 1, "sha256": "ab"}, "machine": {"cpu": "test"}}
 PROMPT = PROMPTS / "story.txt"

@@ -21,6 +21,7 @@ import pytest
 from conftest import ROOT
 
 from adaspark_core.base.checks import NewerVersion, UnknownField
+from adaspark_core.base.errors import StoreError
 from adaspark_core.decode.arms import parse_arm
 from adaspark_core.decode.generation import Generation
 from adaspark_core.decode.runtime import EngineOptions, Runtime
@@ -31,7 +32,7 @@ from adaspark_core.learn.cost import CostModel
 from adaspark_core.learn.depth import DraftDepth
 from adaspark_core.learn.learned import Learners
 from adaspark_core.store.record import read_log
-from adaspark_core.store.store import Store, StoreError
+from adaspark_core.store.store import Store
 
 FIXTURE_LOG = ROOT / "fixtures" / "logs" / "rounds.jsonl"  # re-recorded by `make fixture-log`
 # A store of the learners replayed from fixtures/logs/rounds-schema3.jsonl by the learners of its

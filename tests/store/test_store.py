@@ -14,11 +14,11 @@ import orjson
 import pytest
 from conftest import ROOT
 
-from adaspark_core.base.errors import InputError, OutputError
+from adaspark_core.base.errors import InputError, OutputError, StoreError
 from adaspark_core.store import fingerprint as fingerprint_mod
 from adaspark_core.store import store as store_mod
 from adaspark_core.store.fingerprint import fingerprint, fingerprint_key
-from adaspark_core.store.store import SCHEMA, Store, StoreError, default_store_path
+from adaspark_core.store.store import SCHEMA, Store, default_store_path
 
 FP = {
     "model": {"size": 123, "sha256": "ab" * 32},

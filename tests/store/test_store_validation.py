@@ -16,6 +16,7 @@ import pytest
 from conftest import PROMPTS, SIM
 from helpers import adaspark, assert_one_error_line
 
+from adaspark_core.base.errors import StoreError
 from adaspark_core.decode.arms import parse_arm
 from adaspark_core.decode.generation import Generation
 from adaspark_core.engine.sim import make_sim
@@ -23,7 +24,7 @@ from adaspark_core.evaluate.replay import replay
 from adaspark_core.learn.learned import Learners
 from adaspark_core.store.fingerprint import fingerprint
 from adaspark_core.store.record import read_log
-from adaspark_core.store.store import SCHEMA, Store, StoreError
+from adaspark_core.store.store import SCHEMA, Store
 
 FIXTURE_LOG = PROMPTS.parent / "logs" / "rounds.jsonl"
 FP = {"model": {"size": 1, "sha256": "0" * 64}}  # from_store reads the sections only
