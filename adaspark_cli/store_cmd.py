@@ -28,15 +28,15 @@ from adaspark_core.base.errors import InputError, StoreError
 from adaspark_core.base.files import read_regular
 from adaspark_core.base.paths import is_sim
 from adaspark_core.candidates.memory import GRAM, MAX_CORPUS_BYTES
+from adaspark_core.candidates.memory_file import load as load_memory
+from adaspark_core.candidates.memory_file import memory_path
+from adaspark_core.candidates.memory_file import save as save_memory
 from adaspark_core.decode.runtime import open_model
 from adaspark_core.engine.models import DEFAULT_MODEL, KNOWN, default_model_file, resolve_model
 from adaspark_core.evaluate.store_report import CONTEXTS, summarize
 from adaspark_core.learn.learned import Learners
 from adaspark_core.store import store as sm
 from adaspark_core.store.fingerprint import fingerprint, fingerprint_key
-from adaspark_core.store.memory_file import load as load_memory
-from adaspark_core.store.memory_file import memory_path
-from adaspark_core.store.memory_file import save as save_memory
 from adaspark_core.store.store import Store, default_store_path
 
 store_app = typer.Typer(

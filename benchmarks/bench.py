@@ -692,8 +692,8 @@ def memory(
 
     from adaspark_core.base.tree import MAX_CHAIN_DEPTH
     from adaspark_core.candidates import memory as mem
+    from adaspark_core.candidates import memory_file
     from adaspark_core.candidates.ngram import SuffixIndex, fill
-    from adaspark_core.store import memory_file
 
     rng = random.Random(seed)
     lm = LlamaModel(default_model())

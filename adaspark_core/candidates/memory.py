@@ -30,7 +30,7 @@ saved after the memory changed (between a server's replies a slow write is space
 decode/runtime.py ``MEMORY_EVERY_S``): a header line (magic), a JSON line (version, the store's
 fingerprint key, counts), the tokens as little-endian int32, then the CRC32 of every byte before
 it (4 bytes, little-endian). The index is rebuilt on load. A file that does not parse, or whose
-checksum does not match, is reported and left as is, like a bad store (store/memory_file.py
+checksum does not match, is reported and left as is, like a bad store (memory_file.py
 reads and writes it): without the checksum a flipped byte that leaves a valid token id would be
 read silently, and the fill would propose the wrong token at that place for as long as the memory
 keeps it. CRC32 rather than a cryptographic hash: it catches every burst of up to 32 flipped bits

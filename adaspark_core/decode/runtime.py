@@ -23,15 +23,15 @@ from adaspark_core.base.errors import InputError
 from adaspark_core.base.paths import is_sim
 from adaspark_core.base.sampling import Sampling
 from adaspark_core.candidates.memory import NgramMemory
+from adaspark_core.candidates.memory_file import load as load_memory
+from adaspark_core.candidates.memory_file import memory_path
+from adaspark_core.candidates.memory_file import save as save_memory
 from adaspark_core.candidates.ngram import KeptIndexes
 from adaspark_core.decode.arms import Arm, Speculation
 from adaspark_core.decode.generation import Generation
 from adaspark_core.engine import simlm
 from adaspark_core.learn.learned import Learners
 from adaspark_core.store.fingerprint import fingerprint, fingerprint_key
-from adaspark_core.store.memory_file import load as load_memory
-from adaspark_core.store.memory_file import memory_path
-from adaspark_core.store.memory_file import save as save_memory
 from adaspark_core.store.record import RoundLog
 from adaspark_core.store.store import Store, default_store_path
 

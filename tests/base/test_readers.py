@@ -19,8 +19,8 @@ from helpers import assert_one_error_line
 
 from adaspark_core.base.errors import InputError
 from adaspark_core.base.files import TooLarge, open_regular, read_regular
+from adaspark_core.candidates import memory_file
 from adaspark_core.evaluate.tracesim import Trace, read_traces, write_trace
-from adaspark_core.store import memory_file
 from adaspark_core.store.store import Store
 
 FIXTURE_LOG = PROMPTS.parent / "logs" / "rounds.jsonl"

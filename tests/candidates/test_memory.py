@@ -13,10 +13,10 @@ from conftest import SIM
 from adaspark_core.base.errors import StoreError
 from adaspark_core.base.tree import ANCHOR, NGRAM
 from adaspark_core.candidates import memory as mem
+from adaspark_core.candidates import memory_file
 from adaspark_core.candidates.memory import GRAM, NgramMemory
 from adaspark_core.candidates.ngram import MEMORY, SuffixIndex, bucket, fill
 from adaspark_core.evaluate.replay import replay
-from adaspark_core.store import memory_file
 from adaspark_core.store.fingerprint import fingerprint_key
 from adaspark_core.store.record import read_log
 

@@ -1,6 +1,6 @@
 """The n-gram memory's file beside its store (``<store>.memory``): read with the checks that keep a
 damaged or oversized file from reaching the fill (a regular file within the cap, its checksum, its
-owner, its counts, its tokens), written atomically (the format: candidates/memory.py,
+owner, its counts, its tokens), written atomically (the format: memory.py,
 ``NgramMemory.to_bytes``). A file that fails a check is reported and left as is, never replaced:
 what it held was learned, and only the user can say it may go."""
 
