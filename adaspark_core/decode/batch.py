@@ -33,6 +33,7 @@ before it learns from any of them, as the step did.
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 from typing import Callable
 
 from adaspark_core.base.errors import InputError
@@ -164,31 +165,11 @@ class Batch:
         ready = [g for g in self.active if not g.target.pending]
         filling = [g for g in self.active if g.target.pending]
         t0 = ready[0].clock() if ready else 0.0
-        plans: dict[Generation, RoundPlan] = {}  # in the requests' order
-        for gen in ready:
-            try:
-                plans[gen] = gen.propose()
-            except Exception as e:
-                self.fail(gen, e)
+        plans = self._propose(ready)
         # Every row attends every cell in use: the verifying requests' contexts and the prompts
         # already in for the slots still filling.
         cells = sum(plan.context for plan in plans.values()) + sum(g.target.n_past for g in filling)
-        groups: dict[int, list[Generation]] = {}  # greedy and sampled requests learn apart (Learners.regime)
-        for gen in plans:
-            groups.setdefault(id(gen.learners), []).append(gen)
-        for gens in groups.values():
-            try:
-                decisions = decide_step([plans[g] for g in gens], [g.arm for g in gens], gens[0].learners, cells,
-                                        lambda k: gens[k].use_learners())
-            except Exception as e:  # the group's widths were chosen together: none of them stands
-                for gen in gens:
-                    self.fail(gen, e)
-                continue
-            for gen, dec in zip(gens, decisions):
-                try:
-                    plans[gen] = gen.decided(plans[gen], dec)
-                except Exception as e:
-                    self.fail(gen, e)
+        self._decide(plans, cells)
         active = [g for g in plans if g in self.active]
         if not active and not filling:
             return []
@@ -204,24 +185,16 @@ class Batch:
             return []
         if not active:
             return []
-        prefill = waiting - sum(len(g.target.pending) for g in filling)
         out = []
         for i, (gen, ver) in enumerate(zip(active, verified)):
             try:
                 out.append((i, gen, gen.complete(plans[gen], ver)))
             except Exception as e:
                 self.fail(gen, e, plans[gen].layout)
-        began = None
-        if out:  # the records that name the requests that began (none if every round failed)
-            began = [[g.request_id, g.sampling is not None] for g in self._began]
-            for g in self._began:
-                g.announced = True
-            self._began = []
-        rows, last = sum(plans[g].layout.width for g in active), any(gen.finish is not None for _, gen, _ in out)
-        for i, gen, _ in out:  # ``index``: the place in the step's verify, a request that failed there counted
-            gen.last_record.step = Step(self.id, self.steps, len(active), rows, cells, draft_ms, last, index=i,
-                                        lead=i == 0, max_rows=plans[gen].max_rows, prefill=prefill or None,
-                                        began=began)
+        prefill = waiting - sum(len(g.target.pending) for g in filling)
+        self._name_step(out, Step(self.id, self.steps, len(active), sum(plans[g].layout.width for g in active),
+                                  cells, draft_ms, any(gen.finish is not None for _, gen, _ in out), index=0,
+                                  lead=True, max_rows=1, prefill=prefill or None), plans)
         self.steps += 1
         for _, gen, _ in out:
             if gen.finish is not None:
@@ -232,3 +205,46 @@ class Batch:
                     self.fail(gen, e)
         failed = {gen for gen, _ in self.failed}
         return [(gen, emitted) for _, gen, emitted in out if gen not in failed]
+
+    def _propose(self, ready: list[Generation]) -> dict[Generation, RoundPlan]:
+        """Every ready request's candidates, in the requests' order (one that raises fails)."""
+        plans: dict[Generation, RoundPlan] = {}
+        for gen in ready:
+            try:
+                plans[gen] = gen.propose()
+            except Exception as e:
+                self.fail(gen, e)
+        return plans
+
+    def _decide(self, plans: dict[Generation, RoundPlan], cells: int) -> None:
+        """Each group of requests that learn together (greedy and sampled apart: Learners.regime)
+        decided together (``decide_step``); each plan gets its decision and layout."""
+        groups: dict[int, list[Generation]] = {}
+        for gen in plans:
+            groups.setdefault(id(gen.learners), []).append(gen)
+        for gens in groups.values():
+            try:
+                decisions = decide_step([plans[g] for g in gens], [g.arm for g in gens], gens[0].learners, cells,
+                                        lambda k: gens[k].use_learners())
+            except Exception as e:  # the group's widths were chosen together: none of them stands
+                for gen in gens:
+                    self.fail(gen, e)
+                continue
+            for gen, dec in zip(gens, decisions):
+                try:
+                    plans[gen] = gen.decided(plans[gen], dec)
+                except Exception as e:
+                    self.fail(gen, e)
+
+    def _name_step(self, out: list[tuple[int, Generation, list[int]]], step: Step,
+                   plans: dict[Generation, RoundPlan]) -> None:
+        """Each completed round's record gets the step (``step``: its shared fields), with its own
+        place in it; the records name the requests that began since the last step with rounds."""
+        if not out:  # no record to name them (every round failed): the next step's will
+            return
+        step.began = [[g.request_id, g.sampling is not None] for g in self._began]
+        for g in self._began:
+            g.announced = True
+        self._began = []
+        for i, gen, _ in out:  # ``index``: the place in the step's verify, a request that failed there counted
+            gen.last_record.step = replace(step, index=i, lead=i == 0, max_rows=plans[gen].max_rows)

@@ -153,20 +153,7 @@ class Generation:
     ):
         self.spec = Speculation.of(spec)
         arm = self.spec.arm
-        if sampling is not None and not hasattr(target, "row_logits"):
-            raise InputError("this target gives no distribution to sample from: use temperature 0")
-        if arm.needs_tree and not target.supports_trees:
-            raise InputError(f"arm {arm.name} needs tree verification, which recurrent/hybrid models cannot do; use chain:N or ar")
-        if arm.max_width > 1 and not target.supports_chains:
-            raise InputError(f"arm {arm.name} needs to roll back rejected drafts, which this recurrent model cannot do; use ar")
-        if arm.picks_only and drafter is None:
-            raise InputError("arm block-chain verifies a model drafter's block: give --drafter")
-        if max_tokens < 1:
-            raise InputError("max tokens must be at least 1")
-        if not prompt:
-            raise InputError("the prompt is empty after tokenisation")
-        if len(prompt) >= target.n_ctx:
-            raise InputError(f"the prompt has {len(prompt)} tokens; the context holds {target.n_ctx} (use --n-ctx)")
+        _check_request(target, arm, prompt, max_tokens, drafter, sampling)
         self.target = target
         self._is_end = functools.lru_cache(maxsize=None)(target.is_eog)  # asked of every candidate's token
         self.arm = arm
@@ -403,6 +390,25 @@ class Generation:
             rec.times.learn = (self.clock() - t0) * 1e3
         if self.log is not None:
             self.log.write(rec)
+
+
+def _check_request(target: Target, arm: Arm, prompt: list[int], max_tokens: int, drafter: Proposer | None,
+                   sampling: Sampling | None) -> None:
+    """InputError unless ``target`` can decode this request with ``arm``."""
+    if sampling is not None and not hasattr(target, "row_logits"):
+        raise InputError("this target gives no distribution to sample from: use temperature 0")
+    if arm.needs_tree and not target.supports_trees:
+        raise InputError(f"arm {arm.name} needs tree verification, which recurrent/hybrid models cannot do; use chain:N or ar")
+    if arm.max_width > 1 and not target.supports_chains:
+        raise InputError(f"arm {arm.name} needs to roll back rejected drafts, which this recurrent model cannot do; use ar")
+    if arm.picks_only and drafter is None:
+        raise InputError("arm block-chain verifies a model drafter's block: give --drafter")
+    if max_tokens < 1:
+        raise InputError("max tokens must be at least 1")
+    if not prompt:
+        raise InputError("the prompt is empty after tokenisation")
+    if len(prompt) >= target.n_ctx:
+        raise InputError(f"the prompt has {len(prompt)} tokens; the context holds {target.n_ctx} (use --n-ctx)")
 
 
 def run(target: Target, prompt: list[int], arm: Arm, max_tokens: int, **kw) -> Generation:

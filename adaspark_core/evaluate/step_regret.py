@@ -178,6 +178,17 @@ def step_account(records: list[RoundRecord]) -> StepAccount:
     acc.best_width = max(acc.width_rates, key=lambda k: (acc.width_rates[k], -k))
     acc.best_rate = acc.width_rates[acc.best_width]
 
+    acc.oracle_rate, oracle = _oracle(priced, acc.fit, rate, acc.best_rate)
+    acc.by_load = _rows_by_load(priced, realised, fixed[acc.best_width], oracle)
+    return acc
+
+
+def _oracle(priced: list[StepView], fit: list[float], rate, start: float) -> tuple[float, list[list[int]]]:
+    """The per-step oracle: at a rate rho (tokens per ms), each round of a step takes the width
+    whose tokens beat the rows' price at the step's cells by the most; iterate rho to the rate those
+    widths give (from ``start``, tokens/s). Returns its rate in tokens/s and its widths."""
+    _, t1, _, t3 = fit
+
     def best_widths(v: StepView, rho: float) -> list[int]:
         price = rho * (t1 + t3 * v.cells)  # tokens a row must buy at this step's cells
         out = []
@@ -186,16 +197,19 @@ def step_account(records: list[RoundRecord]) -> StepAccount:
             out.append(max(range(1, reach + 1), key=lambda w: (a[w - 1] - price * w, -w)))
         return out
 
-    rho = acc.best_rate / 1e3
+    rho = start / 1e3
     for _ in range(50):
         oracle = [best_widths(v, rho) for v in priced]
         new = rate(oracle) / 1e3
         if abs(new - rho) <= 1e-12 * rho:
             break
         rho = new
-    acc.oracle_rate = rho * 1e3
+    return rho * 1e3, oracle
+
+
+def _rows_by_load(priced: list[StepView], realised, best, oracle) -> dict[int, dict]:
+    """Rows per request, by the step's number of requests: realised, at the best fixed width, the oracle's."""
     loads: dict[int, list] = defaultdict(lambda: [0, 0, 0, 0, 0])  # steps, rounds, realised, best, oracle rows
-    best = fixed[acc.best_width]
     for v, r, b, o in zip(priced, realised, best, oracle):
         c = loads[len(v.rounds)]
         c[0] += 1
@@ -203,6 +217,5 @@ def step_account(records: list[RoundRecord]) -> StepAccount:
         c[2] += v.rows_of(r)
         c[3] += v.rows_of(b)
         c[4] += v.rows_of(o)
-    acc.by_load = {n: {"steps": c[0], "realised": c[2] / c[1], "best_width": c[3] / c[1], "oracle": c[4] / c[1]}
-                   for n, c in loads.items()}
-    return acc
+    return {n: {"steps": c[0], "realised": c[2] / c[1], "best_width": c[3] / c[1], "oracle": c[4] / c[1]}
+            for n, c in loads.items()}
