@@ -55,7 +55,7 @@ def compare(
     sample_top_k: int = console.SAMPLE_TOP_K,
     top_p: float = console.TOP_P,
     min_p: float = console.MIN_P,
-    seed: int = typer.Option(0, "--seed", min=console.sampling_fields.SEED_RANGE[0], max=console.sampling_fields.SEED_RANGE[1], help="Sampling: the seed every arm samples with (so arms sample the same text)."),
+    seed: int = typer.Option(0, "--seed", callback=console.seed_in_range, help="Sampling: the seed every arm samples with (so arms sample the same text)."),
     reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix", help="Prefill only what follows the KV the last reply left (the AdaSpark arms; decode speed is timed after the prefill either way)."),
 ) -> None:
     """Run arms side by side over the same conversations.

@@ -150,7 +150,7 @@ def histogram(counts: dict) -> str:
 
 # --- the options that pick and load the model (decode, serve-stdin, compare) -----------------------
 
-MODEL = typer.Option(None, "--model", "-m", help="GGUF model file, or a known model's name (adaspark models; default: smollm2-135m, SmolLM2-135M-Instruct Q4_0), or sim:CURVE, a simulated model for tests (engine/simlm.py).")
+MODEL = typer.Option(None, "--model", "-m", help="GGUF file or a known model's name (adaspark models; default: smollm2-135m), or sim:CURVE (a simulated model).")
 DRAFTER = typer.Option("none", "--drafter", help="none (n-gram candidates only), dspark:FILE (a DSpark block drafter GGUF made for the model) or model:FILE (a draft model with the model's vocabulary).")
 BLOCK = typer.Option(None, "--block", min=1, help="Positions a model drafter proposes per round (B; default: a DSpark file's block size, 4 for a draft model).")
 DRAFT_TOP_K = typer.Option(8, "--draft-top-k", min=1, help="Candidates a model drafter keeps per position (K).")
@@ -162,8 +162,19 @@ TEMPERATURE = typer.Option(0.0, "--temperature", min=0.0, max=2.0, help="0: gree
 SAMPLE_TOP_K = typer.Option(0, "--top-k", min=0, max=sampling_fields.TOP_K_MAX, help="Sampling: keep the K most likely tokens (0: all).")
 TOP_P = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Sampling: keep the most likely tokens up to this mass.")
 MIN_P = typer.Option(0.0, "--min-p", min=0.0, max=1.0, help="Sampling: keep tokens at least this share of the most likely one's probability.")
-SEED = typer.Option(None, "--seed", min=sampling_fields.SEED_RANGE[0], max=sampling_fields.SEED_RANGE[1], help="Sampling: the seed (default: a random one, reported).")
-MEMORY_MB = typer.Option(64.0, "--memory-mb", min=0.0, help="Cap of the n-gram memory of earlier replies kept beside the store (learning arms with n-gram candidates); 0: no memory.")
+
+
+def seed_in_range(seed: Optional[int]) -> Optional[int]:
+    """--seed's check: a round record holds a signed or unsigned 64-bit integer. (A callback, not
+    min and max, whose 20-digit bounds would fill --help.)"""
+    lo, hi = sampling_fields.SEED_RANGE
+    if seed is not None and not lo <= seed <= hi:
+        raise typer.BadParameter(f"{seed} is not a 64-bit integer")
+    return seed
+
+
+SEED = typer.Option(None, "--seed", callback=seed_in_range, help="Sampling: the seed (default: a random one, reported).")
+MEMORY_MB = typer.Option(64.0, "--memory-mb", min=0.0, help="Cap of the n-gram memory of earlier replies, kept beside the store; 0: none.")
 LOG = typer.Option(None, "--log", help="Append one JSON line per round to this file (for adaspark replay).")
 
 

@@ -98,7 +98,7 @@ def _check_log(log: Path, rt: "Runtime") -> None:
 
 
 # Between a server's replies the n-gram memory file is rewritten whole, and a reply's end waits for
-# it (and, batched, so does every other request): 17-23 ms at the 64 MB cap on a 2-core machine.
+# it (and, batched, so does every other request; ARCHITECTURE.md, section 5, has the times).
 # A write slower than MEMORY_SLOW_S is therefore repeated at most every MEMORY_EVERY_S while
 # serving; the server's last save, and every save outside a server, write it whenever it changed.
 MEMORY_SLOW_S = 0.005

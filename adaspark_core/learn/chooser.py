@@ -324,9 +324,8 @@ class AdaptiveWidth:
 
         Unlike a lone round, a step prices an unmeasured class at ``CostModel.price_floor``, not
         at the narrower class's price: a step's rows are many, and priced at the narrower price
-        every class the candidates fill looks like a win; measured cold at 8 requests, the 16-,
-        32- and 64-row classes took 6% of a 16-request run's decode beyond the steps they
-        replaced (3 steps each, 64 rows at 110-150 ms)."""
+        every class the candidates fill looks like a win (ARCHITECTURE.md, section 2, has what
+        that cost)."""
         n = len(rounds)
         gains = sorted(((big_q[j], i, k) for i, (order, big_q) in enumerate(rounds)
                         for k, j in enumerate(order[: max(max_rows[i] - 1, 0)])),
