@@ -36,7 +36,8 @@ from adaspark_core.base.tree import ANCHOR, NGRAM
 from adaspark_core.candidates.drafters import make_drafter
 from adaspark_core.decode.arms import parse_arm
 from adaspark_core.decode.generation import Generation, run
-from adaspark_core.engine.llama import LlamaModel, LlamaTarget
+from adaspark_core.engine.llama import LlamaModel
+from adaspark_core.engine.llama_target import LlamaTarget
 from adaspark_core.engine.models import default_model, shipped_default
 from adaspark_core.evaluate.replay import expected_accepted
 from adaspark_core.evaluate.survey import pinned_verify_ms  # chain verify at a fixed context, warm-ups dropped
@@ -442,7 +443,7 @@ def step(
     import random
 
     from adaspark_core.base.tree import PICK, Candidate
-    from adaspark_core.engine.llama import LlamaBatch
+    from adaspark_core.engine.llama_batch import LlamaBatch
 
     rng = random.Random(0)
     lm = LlamaModel(default_model())

@@ -55,7 +55,7 @@ def lm(default_model_path):
 
 @pytest.fixture(scope="session")
 def target(lm):
-    from adaspark_core.engine.llama import LlamaTarget
+    from adaspark_core.engine.llama_target import LlamaTarget
 
     return LlamaTarget(lm, n_ctx=2048)
 
@@ -67,7 +67,7 @@ def assert_same_sample(lm, prompt, got, want, sampling, seed, what=""):
     import numpy as np
 
     from adaspark_core.base.sampling import scores
-    from adaspark_core.engine.llama import score
+    from adaspark_core.engine.llama_sequence import score
 
     if got == want:
         return

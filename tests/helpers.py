@@ -13,7 +13,7 @@ from conftest import NEAR_TIE
 
 from adaspark_core.decode.arms import parse_arm
 from adaspark_core.decode.generation import Generation
-from adaspark_core.engine.llama import rescore
+from adaspark_core.engine.llama_sequence import rescore
 
 # NEAR_TIE (conftest): with flash attention off, a verify of two rows or more computes every row
 # bit for bit as the one-batch re-score does; a one-row verify runs another kernel, whose logits
@@ -38,7 +38,7 @@ def assert_one_error_line(res, *words):
 def check_kv(target, sizes):
     """Sequence 0 holds exactly the committed positions 0..n_past-1 and nothing else; a leaf
     sequence holds exactly the first ``synced`` of those cells and no cell of its own (leaf
-    sequences are synced lazily, see engine/llama.py). "Exactly": a sequence's saved-state size is
+    sequences are synced lazily, see engine/llama_target.py). "Exactly": a sequence's saved-state size is
     affine in its cell count with one slope for all, so no sequence hides an extra cell."""
     ranges = target.seq_ranges()
     assert ranges.pop(0) == (0, target.n_past - 1)

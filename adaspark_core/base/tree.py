@@ -26,7 +26,7 @@ ANCHOR = -1
 MAX_CHAIN_DEPTH = 32
 # The widest verify, in rows: the top of the cost model's ladder (the paper's, Figure 3), an
 # adaptive arm's bound, a fixed arm's limit and the rows a target is built for. llama.cpp allows
-# 256 sequences: a lone target uses 64, batched slots share the 256 (engine/llama.py LlamaBatch).
+# 256 sequences: a lone target uses 64, batched slots share the 256 (engine/llama_batch.py LlamaBatch).
 MAX_WIDTH = 64
 FOLLOWER_CONTEXT = 3  # n-gram follower context when no earlier passage continues (Table 14)
 COPY_MIN = FOLLOWER_CONTEXT + 1  # an n-gram copy needs a longer matching context than a follower

@@ -23,7 +23,9 @@ from adaspark_core.base.errors import InputError
 from adaspark_core.base.tree import ANCHOR, PICK, SIBLING, Candidate, append_proposal, child_of
 from adaspark_core.engine.bindings import check_gguf
 from adaspark_core.engine.dspark import DSparkContext
-from adaspark_core.engine.llama import LlamaModel, LlamaSequence, LlamaTarget
+from adaspark_core.engine.llama import LlamaModel
+from adaspark_core.engine.llama_sequence import LlamaSequence
+from adaspark_core.engine.llama_target import LlamaTarget
 from adaspark_core.engine.models import resolve_model
 
 

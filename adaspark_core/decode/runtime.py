@@ -79,7 +79,7 @@ def _batch_engine(model, opts: EngineOptions):
         raise InputError(f"a simulated model ({model.path}) decodes one request at a time: use --parallel 1")
     if opts.drafter not in (None, "", "none"):
         raise InputError("a model drafter follows one request: --parallel above 1 needs --drafter none")
-    from adaspark_core.engine.llama import LlamaBatch
+    from adaspark_core.engine.llama_batch import LlamaBatch
 
     return LlamaBatch(model, opts.parallel, n_ctx=opts.n_ctx, threads=opts.threads, reuse_prefix=opts.reuse_prefix)
 
@@ -119,7 +119,7 @@ class Runtime:
         self._memory_written = -float("inf")  # when the memory file was last written (monotonic s)
         self._memory_write_s = 0.0  # and how long that took
         # With --parallel N: the N slots of one context (the first is ``target``) and the engine
-        # that verifies them together (engine/llama.py LlamaBatch); alone: [target] and None.
+        # that verifies them together (engine/llama_batch.py LlamaBatch); alone: [target] and None.
         self.slots: list = []
         self.engine = None
         # Each slot's last n-gram index, which its next request extends where its prompt goes on

@@ -47,4 +47,4 @@ class Target(Protocol):
     # A target whose verifies hold fewer rows than MAX_WIDTH (a slot of a LlamaBatch, which
     # shares llama.cpp's sequences among its slots) says so in ``max_width``.
     # A target that can serve sampled requests also has ``row_logits()``: the last verify's
-    # logits, one row per verified row (engine/llama.py).
+    # logits, one row per verified row (engine/llama_target.py).

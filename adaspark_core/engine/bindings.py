@@ -1,6 +1,7 @@
 """What the engine binds of llama.cpp beyond llama-cpp-python's own Python API: backend start-up,
 the C++-linkage extensions a DSpark drafter needs, GGUF checks, requantisation, thread counts, and
-the rule that a context is freed with its object. llama.py (model, target, drafter sequence) and
+the rule that a context is freed with its object. The model (llama.py), its contexts and targets
+(llama_context.py, llama_target.py, llama_batch.py), a drafter's sequence (llama_sequence.py) and
 dspark.py (the DSpark drafter's context) build on it; nothing else in the package calls llama.cpp.
 """
 
@@ -77,7 +78,7 @@ def ext(name: str):
 
 
 # llama_get_logits returning the buffer's address as an int: llama-cpp-python's binding returns a
-# float pointer, which costs a ctypes cast every verify (engine/llama.py: _Context.logits).
+# float pointer, which costs a ctypes cast every verify (engine/llama_context.py: LlamaContext.logits).
 _get_logits = L.llama_cpp._lib["llama_get_logits"]  # a function object of its own, not the package's
 _get_logits.argtypes, _get_logits.restype = [L.llama_context_p_ctypes], ctypes.c_void_p
 

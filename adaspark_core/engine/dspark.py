@@ -9,7 +9,8 @@ import numpy as np
 
 from adaspark_core.base.errors import InputError
 from adaspark_core.engine.bindings import FreedWithObject, ext, thread_count
-from adaspark_core.engine.llama import LlamaModel, LlamaTarget
+from adaspark_core.engine.llama import LlamaModel
+from adaspark_core.engine.llama_target import LlamaTarget
 
 
 class DSparkContext(FreedWithObject):

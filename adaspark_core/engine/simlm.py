@@ -91,7 +91,7 @@ class SimLMTarget:
 
     supports_trees = True
     supports_chains = True
-    reused = 0  # prompt tokens taken from the cache (engine/llama.py): none, no prefill is simulated
+    reused = 0  # prompt tokens taken from the cache (engine/llama_target.py): none, no prefill is simulated
 
     def __init__(self, model: SimModel, n_ctx: int, seed: int = 0):
         self.model = model

@@ -35,7 +35,7 @@ def dspark_file(tmp_path_factory):
 def dspark(lm, dspark_file):
     """A target of its own (the drafter switches on its hidden-state capture) and the drafter."""
     from adaspark_core.candidates.drafters import make_drafter
-    from adaspark_core.engine.llama import LlamaTarget
+    from adaspark_core.engine.llama_target import LlamaTarget
 
     target = LlamaTarget(lm, n_ctx=2048)
     return target, make_drafter(f"dspark:{dspark_file}", target, top_k=K)

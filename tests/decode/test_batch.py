@@ -1,4 +1,4 @@
-"""Requests decoded together (decode/batch.py on engine/llama.py's LlamaBatch): one llama_decode a
+"""Requests decoded together (decode/batch.py on engine/llama_batch.py's LlamaBatch): one llama_decode a
 step holds every active request's tree, and each reply is the one its request decodes alone."""
 
 import subprocess
@@ -35,7 +35,7 @@ def solo(target, prompt, arm, max_tokens, sampling):
 
 @pytest.mark.model
 def test_replies_decoded_in_a_batch_equal_the_replies_decoded_alone(lm, target):
-    from adaspark_core.engine.llama import LlamaBatch
+    from adaspark_core.engine.llama_batch import LlamaBatch
 
     # A small prefill budget: a joining prompt goes in over several steps, beside running rows.
     engine = LlamaBatch(lm, 4, n_ctx=512, prefill_per_step=24)
@@ -78,7 +78,7 @@ def test_replies_decoded_in_a_batch_equal_the_replies_decoded_alone(lm, target):
         check_greedy(lm, prompt, gen.tokens, gen.finish, widths[name])  # argmax but at near ties
         if gen.tokens != alone:  # the two part only where a re-score's top two nearly tie
             i = next(i for i, (a, b) in enumerate(zip(gen.tokens + [-1], alone + [-1])) if a != b)
-            from adaspark_core.engine.llama import score
+            from adaspark_core.engine.llama_sequence import score
 
             row = score(lm, prompt + gen.tokens[:i])[-1]
             top = sorted(row)[-2:]
@@ -93,7 +93,7 @@ def test_a_batched_learning_run_replays_exactly_and_logs_its_steps(lm, tmp_path)
     replay report counts the rounds by requests in their step."""
     import orjson
 
-    from adaspark_core.engine.llama import LlamaBatch
+    from adaspark_core.engine.llama_batch import LlamaBatch
     from adaspark_core.evaluate.replay import replay
     from adaspark_core.learn.learned import Learners
     from adaspark_core.store.record import RoundLog, read_log
@@ -141,7 +141,7 @@ def test_a_batched_learning_run_replays_exactly_and_logs_its_steps(lm, tmp_path)
 
 @pytest.mark.model
 def test_a_learning_arm_cannot_join_a_batch_of_another_arm(lm):
-    from adaspark_core.engine.llama import LlamaBatch
+    from adaspark_core.engine.llama_batch import LlamaBatch
 
     engine = LlamaBatch(lm, 2, n_ctx=256)
     batch = Batch(engine.verify)
@@ -153,7 +153,7 @@ def test_a_learning_arm_cannot_join_a_batch_of_another_arm(lm):
 
 @pytest.mark.model
 def test_slots_share_out_the_sequences_and_a_request_can_leave_mid_reply(lm):
-    from adaspark_core.engine.llama import LlamaBatch
+    from adaspark_core.engine.llama_batch import LlamaBatch
 
     engine = LlamaBatch(lm, 8, n_ctx=256)
     assert [s.seq0 for s in engine.slots] == [32 * i for i in range(8)]

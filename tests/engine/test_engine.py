@@ -11,7 +11,7 @@ from adaspark_core.base import tree
 from adaspark_core.base.tree import ANCHOR, PICK, SIBLING
 from adaspark_core.decode.arms import parse_arm
 from adaspark_core.decode.generation import Generation, run
-from adaspark_core.engine.llama import rescore
+from adaspark_core.engine.llama_sequence import rescore
 
 PROMPT_NAMES = ["rewrite.txt", "explain.txt", "story.txt", "code.txt", "summary.txt", "list.txt"]
 ARMS = ["ar", "chain:3", "chain:8", "tree:2", "tree:4", "tree:8", "tree:16"]
@@ -39,7 +39,7 @@ def test_a_conversation_prefills_only_what_follows_the_cached_prefix(lm):
     what follows the longest common prefix of the cache and the new prompt (at least the whole
     previous prompt), the KV invariants hold every round, and every emitted token is the
     re-score's argmax but at near ties, as after a fresh prefill."""
-    from adaspark_core.engine.llama import LlamaTarget
+    from adaspark_core.engine.llama_target import LlamaTarget
 
     target = LlamaTarget(lm, n_ctx=2048, reuse_prefix=True)
     messages, previous = [], None
@@ -68,7 +68,7 @@ def test_a_tree_whose_spine_is_the_greedy_continuation_commits_it(lm, target):
     commit the spine and the bonus, 7 tokens a round. The one-row kernel of ``ar`` may break a near
     tie differently from the tree's multi-row kernel (paper 3.5); such a divergence must be a near
     tie of the re-score, and the next round re-synchronises from the committed text."""
-    from adaspark_core.engine.llama import LlamaTarget
+    from adaspark_core.engine.llama_target import LlamaTarget
 
     rng = random.Random(7)
     ar_target = LlamaTarget(lm, n_ctx=1024)
@@ -230,7 +230,7 @@ def test_chat_text_without_control_tokens_tokenizes_as_the_whole_rendered_prompt
 
 @pytest.mark.model
 def test_a_reply_stops_at_the_context_limit(lm):
-    from adaspark_core.engine.llama import LlamaTarget
+    from adaspark_core.engine.llama_target import LlamaTarget
 
     small = LlamaTarget(lm, n_ctx=128)
     prompt = prompt_tokens(lm, "rewrite.txt")[:100]

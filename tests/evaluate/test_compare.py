@@ -246,7 +246,7 @@ def test_compare_command_without_a_ratio_skips_the_figure_with_one_line(tmp_path
 
 @pytest.mark.model
 def test_compare_runs_every_kind_of_arm_and_writes_its_results(tmp_path, lm):
-    from adaspark_core.engine.llama import rescore
+    from adaspark_core.engine.llama_sequence import rescore
 
     copy_task = "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog."
     sets = tmp_path / "tiny.json"
