@@ -2,8 +2,9 @@
 /v1/completions, streamed or not; GET /v1/models and /health) that learns across requests and
 keeps the previous request's KV for the next one's common prefix. The HTTP stack is the
 ``adaspark[server]`` extra (FastAPI, uvicorn, sse-starlette), imported only by this command.
-Request fields and defaults: adaspark_core/serve/openai_api.py; threads, shutdown and the limits on what
-one client may take: adaspark_core/serve/http_app.py."""
+Request fields and defaults: adaspark_core/serve/openai_api.py; the app and shutdown:
+adaspark_core/serve/http_app.py; the decoding thread: decoder.py; the limits on what one client may
+take: http_limits.py."""
 
 from __future__ import annotations
 
@@ -57,10 +58,11 @@ def serve(
     docs/serving.md."""
     try:
         from adaspark_core.serve import http_app
+        from adaspark_core.serve.http_limits import Limits
     except ImportError as e:
         console.fail(f"adaspark serve needs the server extra ({e.name} is missing): pip install 'adaspark[server]'")
     with reported():
-        limits = http_app.Limits(int(max_body_mb * 2 ** 20), max_connections, header_timeout)
+        limits = Limits(int(max_body_mb * 2 ** 20), max_connections, header_timeout)
         sock = http_app.listen(host, port, max_connections)
         try:
             rt = Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter, block=block,

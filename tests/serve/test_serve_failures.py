@@ -29,7 +29,8 @@ from adaspark_core.engine.simlm import SimLMTarget
 from adaspark_core.learn.learned import Learners
 from adaspark_core.serve import http_app
 from adaspark_core.serve import openai_api as api
-from adaspark_core.serve.http_app import Decoder, Job, Limits
+from adaspark_core.serve.decoder import Decoder, Job
+from adaspark_core.serve.http_limits import Limits
 from adaspark_core.serve.service import BatchServer
 from adaspark_core.store.record import LogWriteError, RoundLog, read_log
 

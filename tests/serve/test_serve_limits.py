@@ -16,7 +16,8 @@ import orjson
 from conftest import SIM
 from helpers import Server, chat_body, stream_events
 
-from adaspark_core.serve.http_app import BACKLOG, LINGER_BYTES
+from adaspark_core.serve.http_app import BACKLOG
+from adaspark_core.serve.http_limits import LINGER_BYTES
 
 CHAT = orjson.dumps(chat_body("hi", max_tokens=8))
 MB = 2 ** 20
