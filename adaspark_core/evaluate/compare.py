@@ -240,54 +240,72 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
     (after the warm log, if any). With ``log_dir`` the baseline's prompts and replies also go to
     ``traces.jsonl`` (``adaspark simulate``, tracesim.py)."""
     learning = [a for a in arms if getattr(a, "learners", None) is not None]
-    logged = [a for a in arms if isinstance(a, SchedulerArm)]
     warmed = convs if warm_convs is None else warm_convs
-    logs: list[RoundLog] = []
-
-    def open_logs(which: list, warm_pass: bool) -> None:
-        for a in which:
-            path = log_path(log_dir, a.name, warm_pass)
-            a.log = RoundLog(path, fresh=True)  # a rerun into the same folder starts afresh
-            logs.append(a.log)
-
-    def close_logs() -> None:
-        for a in logged:
-            a.log = None
-        while logs:
-            logs.pop().close()
-
-    if log_dir is not None:
-        Path(log_dir).mkdir(parents=True, exist_ok=True)
+    logs = _Logs(log_dir, [a for a in arms if isinstance(a, SchedulerArm)])
     try:
         if warm > 0 and learning:
-            if log_dir is not None:
-                open_logs([a for a in learning if a in logged], True)
-            sampled = [(a, getattr(a, "sampling", None)) for a in learning]
-            try:
-                for k in range(warm):
-                    # A sampled arm warms at its own settings with another seed: its sampled regime
-                    # learns this distribution's acceptance, not the very replies it is timed on.
-                    for a, how in sampled:
-                        if how is not None:
-                            a.sampling = dataclasses.replace(how, seed=warm_seed(how.seed, k))
-                    _pass(warmed, learning, chat_prompt, n_ctx, max_tokens, 1, progress, f"warm{k + 1}:")
-            finally:
-                for a, how in sampled:
-                    a.sampling = how
-            close_logs()
-        traces = None
-        if log_dir is not None:
-            open_logs(logged, False)
-            traces = Path(log_dir) / TRACES
-            replace(traces, b"")  # started afresh, as the logs are
-        records = _pass(convs, arms, chat_prompt, n_ctx, max_tokens, repeat, progress, "", traces)
+            logs.open([a for a in learning if a in logs.arms], warm=True)
+            _warm_passes(warm, warmed, learning, chat_prompt, n_ctx, max_tokens, progress)
+            logs.close()
+        logs.open(logs.arms, warm=False)
+        records = _pass(convs, arms, chat_prompt, n_ctx, max_tokens, repeat, progress, "", logs.traces())
     finally:
-        close_logs()
+        logs.close()
     _mark_same_text(records, arms[0].name)
     seen = {c.name for c in warmed} if warm > 0 else set()
     for r in records:
         r["warmed"] = r["conversation"] in seen
     return records
+
+
+def _warm_passes(warm: int, convs: list[Conversation], learning: list, chat_prompt, n_ctx: int, max_tokens: int,
+                 progress) -> None:
+    """``warm`` untimed passes of the ``learning`` arms over ``convs`` (request ids ``warm<k>:...``),
+    an arm that samples doing so at its own settings, with the seed ``warm_seed`` gives the pass."""
+    sampled = [(a, getattr(a, "sampling", None)) for a in learning]
+    try:
+        for k in range(warm):
+            # A sampled arm warms at its own settings with another seed: its sampled regime
+            # learns this distribution's acceptance, not the very replies it is timed on.
+            for a, how in sampled:
+                if how is not None:
+                    a.sampling = dataclasses.replace(how, seed=warm_seed(how.seed, k))
+            _pass(convs, learning, chat_prompt, n_ctx, max_tokens, 1, progress, f"warm{k + 1}:")
+    finally:
+        for a, how in sampled:
+            a.sampling = how
+
+
+class _Logs:
+    """The round logs of a run's scheduler ``arms`` in ``log_dir`` (none without one): a pass's
+    are opened before it and closed after it, each file started afresh."""
+
+    def __init__(self, log_dir: Path | None, arms: list[SchedulerArm]):
+        self.dir, self.arms = log_dir, arms
+        self.opened: list[RoundLog] = []
+        if log_dir is not None:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+
+    def open(self, which: list[SchedulerArm], warm: bool) -> None:
+        if self.dir is None:
+            return
+        for a in which:
+            a.log = RoundLog(log_path(self.dir, a.name, warm), fresh=True)  # a rerun into the same folder starts afresh
+            self.opened.append(a.log)
+
+    def traces(self) -> Path | None:
+        """The file the measured pass's baseline prompts and replies go to, emptied."""
+        if self.dir is None:
+            return None
+        traces = Path(self.dir) / TRACES
+        replace(traces, b"")  # started afresh, as the logs are
+        return traces
+
+    def close(self) -> None:
+        for a in self.arms:
+            a.log = None
+        while self.opened:
+            self.opened.pop().close()
 
 
 TRACES = "traces.jsonl"
