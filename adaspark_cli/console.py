@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Optional
 
 import orjson
@@ -175,6 +176,25 @@ def seed_in_range(seed: Optional[int]) -> Optional[int]:
 
 SEED = typer.Option(None, "--seed", callback=seed_in_range, help="Sampling: the seed (default: a random one, reported).")
 MEMORY_MB = typer.Option(64.0, "--memory-mb", min=0.0, help="Cap of the n-gram memory of earlier replies, kept beside the store; 0: none.")
+CHAT_TEMPLATE_FILE = typer.Option(None, "--chat-template-file",
+                                  help="A Jinja chat template in place of the model's (e.g. one that takes tools).")
+MAX_TEMPLATE_BYTES = 1 << 20
+
+
+def chat_template(path: Optional[Path]) -> Optional[str]:
+    """The text of --chat-template-file (a regular file of UTF-8 text, at most 1 MiB), or None."""
+    if path is None:
+        return None
+    try:
+        raw = read_regular(path, "the chat template file", MAX_TEMPLATE_BYTES)
+    except FileNotFoundError:
+        raise InputError(f"no chat template file {path}") from None
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise InputError(f"the chat template file {path} is not UTF-8 text") from None
+
+
 LOG = typer.Option(None, "--log", help="Append one JSON line per round to this file (for adaspark replay).")
 
 

@@ -26,6 +26,7 @@ def decode(
     log: Optional[Path] = console.LOG,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (text and statistics) instead of streaming."),
     n_ctx: Optional[int] = console.N_CTX,
+    chat_template_file: Optional[Path] = console.CHAT_TEMPLATE_FILE,
     threads: Optional[int] = console.THREADS,
     store: Optional[Path] = console.STORE,
     memory_mb: float = console.MEMORY_MB,
@@ -46,7 +47,8 @@ def decode(
     text = console.read_prompt(prompt_file)
     system = console.utf8(system, "--system") if system is not None else None
     with reported(), Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter,
-                                                block=block, draft_top_k=draft_top_k),
+                                                block=block, draft_top_k=draft_top_k,
+                                                chat_template=console.chat_template(chat_template_file)),
                                   Speculation.of(arm, memory_mb=memory_mb), store=store, log=log) as rt:
         if raw:
             prompt = rt.tokens(text)

@@ -44,6 +44,7 @@ def serve_stdin(
     memory_mb: float = console.MEMORY_MB,
     log: Optional[Path] = console.LOG,
     n_ctx: Optional[int] = console.N_CTX,
+    chat_template_file: Optional[Path] = console.CHAT_TEMPLATE_FILE,
     threads: Optional[int] = console.THREADS,
     reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix",
                                       help="Keep the last request's KV and prefill only what follows the common "
@@ -56,7 +57,8 @@ def serve_stdin(
         console.fail("stdin is closed: serve-stdin reads its requests there")
     with reported():
         rt = Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter, block=block,
-                                            draft_top_k=draft_top_k, reuse_prefix=reuse_prefix),
+                                            draft_top_k=draft_top_k, reuse_prefix=reuse_prefix,
+                                            chat_template=console.chat_template(chat_template_file)),
                           Speculation.of(arm, memory_mb=memory_mb), store=store, log=log)
     server = Server(rt, max_tokens)
     signals = console.Signals().install()

@@ -31,6 +31,7 @@ def serve(
     memory_mb: float = console.MEMORY_MB,
     log: Optional[Path] = console.LOG,
     n_ctx: Optional[int] = console.N_CTX,
+    chat_template_file: Optional[Path] = console.CHAT_TEMPLATE_FILE,
     threads: Optional[int] = console.THREADS,
     parallel: int = typer.Option(1, "--parallel", "-np", min=1, max=64,
                                  help="Requests decoded together (llama-server's -np), each in a slot of --n-ctx "
@@ -66,7 +67,8 @@ def serve(
         sock = http_app.listen(host, port, max_connections)
         try:
             rt = Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter, block=block,
-                                            draft_top_k=draft_top_k, reuse_prefix=reuse_prefix, parallel=parallel),
+                                            draft_top_k=draft_top_k, reuse_prefix=reuse_prefix, parallel=parallel,
+                                            chat_template=console.chat_template(chat_template_file)),
                               Speculation.of(arm, memory_mb=memory_mb), store=store, log=log)
         except BaseException:
             sock.close()

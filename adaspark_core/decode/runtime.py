@@ -49,17 +49,20 @@ class EngineOptions:
     draft_top_k: int = 8  # candidates a model drafter keeps per position (K; not sampling's top-k)
     reuse_prefix: bool = False  # keep the committed KV across requests (serving several in a row)
     parallel: int = 1  # requests decoded together, each in a slot of one context (decode/batch.py)
+    chat_template: str | None = None  # a Jinja chat template in place of the model's (--chat-template-file)
 
 
-def open_model(spec: str | Path | None):
+def open_model(spec: str | Path | None, chat_template: str | None = None):
     """The model ``--model`` names: a SimModel for ``sim:CURVE``, else a loaded GGUF (the default
     model when None). llama.cpp is imported only here, so a simulated run never loads it."""
     if spec is not None and is_sim(str(spec)):  # a file named so is ./sim:NAME
+        if chat_template is not None:
+            raise InputError(f"a simulated model ({spec}) has its own chat markup: no --chat-template-file")
         return simlm.SimModel(str(spec))
     from adaspark_core.engine.llama import LlamaModel
     from adaspark_core.engine.models import resolve_model
 
-    return LlamaModel(resolve_model(spec))
+    return LlamaModel(resolve_model(spec), chat_template=chat_template)
 
 
 def _drafter(spec: str, model, target, opts: EngineOptions):
@@ -143,7 +146,7 @@ class Runtime:
         the_arm = spec.arm if spec is not None else None
         rt = cls(None, None, None, spec, None, None, None, opts.threads)
         try:
-            rt.model = model if model is not None else open_model(opts.model)
+            rt.model = model if model is not None else open_model(opts.model, opts.chat_template)
             if opts.parallel > 1:
                 rt.engine = _batch_engine(rt.model, opts)
                 rt.slots = rt.engine.slots
@@ -172,9 +175,10 @@ class Runtime:
         """Raw text as the model's tokens (no chat template)."""
         return self.model.tokenize(text)
 
-    def chat(self, messages: list[dict]) -> list[int]:
-        """Messages through the model's chat template, ready for the assistant's reply."""
-        return self.model.chat_prompt(messages)
+    def chat(self, messages: list[dict], tools: list[dict] | None = None, reply_start: str = "") -> list[int]:
+        """Messages (and ``tools``) through the model's chat template, ready for the assistant's
+        reply, which starts with ``reply_start``."""
+        return self.model.chat_prompt(messages, tools, reply_start)
 
     def generation(self, prompt: list[int], max_tokens: int, request_id: str = "r0",
                    sampling: Sampling | None = None, target=None) -> Generation:

@@ -9,6 +9,7 @@ they share with dspark.py.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 
@@ -22,7 +23,7 @@ from adaspark_core.engine.llama_target import LlamaTarget
 class LlamaModel:
     """A loaded GGUF model: weights, vocabulary, chat template. Contexts are made from it."""
 
-    def __init__(self, path: str | os.PathLike, verbose: bool = False):
+    def __init__(self, path: str | os.PathLike, verbose: bool = False, chat_template: str | None = None):
         self.path = check_gguf(path)
         init_backend(verbose)
         mparams = L.llama_model_default_params()
@@ -37,8 +38,10 @@ class LlamaModel:
         L.llama_model_desc(self.ptr, buf, len(buf))
         self.desc = buf.value.decode(errors="replace")
         tmpl = L.llama_model_chat_template(self.ptr, None)
-        self.chat_template = tmpl.decode() if tmpl else None
+        # ``chat_template``: one given in place of the file's (--chat-template-file)
+        self.chat_template = chat_template or (tmpl.decode() if tmpl else None)
         self._chat_formatter = None  # compiled at the first chat_prompt (_render_jinja)
+        self._takes_tools: bool | None = None
         self._piece_buf = ctypes.create_string_buffer(256)
         self._pieces: dict[int, bytes] = {}
         self.arch = self.meta("general.architecture") or "?"
@@ -83,9 +86,11 @@ class LlamaModel:
     def is_eog(self, token: int) -> bool:
         return bool(L.llama_vocab_is_eog(self.vocab, token))
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None, reply_start: str = "") -> list[int]:
         """Tokens of ``messages`` rendered with the model's own chat template, ready for the
-        assistant's reply. InputError if the model has no chat template (use raw mode).
+        assistant's reply, which starts with ``reply_start`` (a required tool call's opening; its
+        markup may be special tokens). ``tools``: the functions the template shows the model.
+        InputError if the model has no chat template (use raw mode).
 
         Only the template's own markup may become control tokens. Message text is plain text: a
         user who writes ``<|im_end|>`` gets those characters, not the end of their turn (else any
@@ -94,12 +99,34 @@ class LlamaModel:
         The markup's control tokens cut the prompt into the same raw-text runs that llama.cpp's
         own tokenizer would cut it into, and each run is tokenized with special parsing off, so a
         prompt without control-token text in its messages gets exactly the tokens of the whole
-        rendered text (and the same as llama-cpp-python's ``create_chat_completion``)."""
+        rendered text (and the same as llama-cpp-python's ``create_chat_completion``). Tools and
+        tool calls are rendered as markup, so they may hold no control-token text."""
         if not self.chat_template:
             raise InputError(f"{self.path.name} has no chat template; use --raw to send the text as is")
-        text = self._render_jinja(messages)
+        calls = [m["tool_calls"] for m in messages if m.get("tool_calls")]
+        if tools or calls:
+            shown = json.dumps([tools, calls], ensure_ascii=False)
+            if self.tokenize(shown, special=True, add_bos=False) != self.tokenize(shown, special=False, add_bos=False):
+                raise InputError("a tool or a tool call holds control-token text, which the template would make markup")
+        tokens = self._chat_tokens(messages, tools)
+        return tokens + (self.tokenize(reply_start, special=True, add_bos=False) if reply_start else [])
+
+    def takes_tools(self) -> bool:
+        """Whether the chat template shows the model the tools it is given (a probe function's
+        name in the rendered prompt), as llama-server's ``--jinja`` finds out."""
+        if self._takes_tools is None:
+            probe = "adaspark_probe_function"
+            shown = self._render_jinja([{"role": "user", "content": "?"}],
+                                       [{"type": "function", "function": {"name": probe, "parameters": {}}}])
+            self._takes_tools = probe in shown
+        return self._takes_tools
+
+    def _chat_tokens(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        text = self._render_jinja(messages, tools)
         nonce = os.urandom(8).hex()
-        masked = self._render_jinja([{**m, "content": f"<{nonce}:{i}>"} for i, m in enumerate(messages)])
+        # (an empty content stays empty: a template may test it, as before an assistant's tool calls)
+        masked = self._render_jinja([{**m, "content": f"<{nonce}:{i}>"} if m["content"] else m
+                                     for i, m in enumerate(messages)], tools)
         parts = re.split(f"<{nonce}:(\\d+)>", masked)  # markup, index, markup, index, ..., markup
         contents = [messages[int(i)]["content"] for i in parts[1::2]]
         if "".join(x for pair in zip(parts[::2], contents + [""]) for x in pair) != text:
@@ -151,7 +178,7 @@ class LlamaModel:
         out.append(markup[at:])
         return out
 
-    def _render_jinja(self, messages: list[dict]) -> str:
+    def _render_jinja(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         # The model's own Jinja template, as llama-cpp-python's high-level API renders it, so the
         # prompt matches what users of Llama.create_chat_completion get. Compiled once per model:
         # compiling it took 2-3 ms, twice a request (chat_prompt renders it twice), before every
@@ -168,7 +195,7 @@ class LlamaModel:
                     eos_token=text_of(L.llama_vocab_eos(self.vocab)),
                     bos_token=text_of(L.llama_vocab_bos(self.vocab)),
                 )
-            return self._chat_formatter(messages=messages).prompt
+            return self._chat_formatter(messages=messages, tools=tools or None).prompt
         except Exception as e:  # a template error (compiling or rendering) names the model, not our stack
             raise InputError(f"the chat template of {self.path.name} failed: {e}") from None
 

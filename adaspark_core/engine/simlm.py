@@ -52,6 +52,7 @@ class SimModel:
         self.name = name
         self.path = Path(spec)  # shown where a model file's name is; the fingerprint knows it is a sim
         self.desc = f"simulated model, verify times of {name}"
+        self.chat_template = None  # its chat markup is its own (chat_prompt) and shows no tools
         self.n_ctx_train = N_CTX
         self.n_vocab = BYTE0 + 256
         self._key = hashlib.sha256(f"adaspark-simlm:{name}".encode()).digest()[:16]
@@ -59,8 +60,13 @@ class SimModel:
     def tokenize(self, text: str, special: bool = True) -> list[int]:
         return [b + BYTE0 for b in text.encode("utf-8")]
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
-        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+    def takes_tools(self) -> bool:
+        return False
+
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None, reply_start: str = "") -> list[int]:
+        if tools:
+            raise InputError(f"the simulated model {self.name} takes no tools")
+        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>" + reply_start
         return self.tokenize(text)
 
     def piece(self, token: int) -> bytes:

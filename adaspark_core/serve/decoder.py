@@ -31,6 +31,7 @@ from adaspark_core.base.errors import InputError
 from adaspark_core.decode.runtime import Runtime
 from adaspark_core.serve import openai_api as api
 from adaspark_core.serve.service import BatchServer, Reply, keep, serve_request
+from adaspark_core.serve.tool_calls import ToolError, ToolReply, prepare
 from adaspark_core.store.record import LogWriteError
 
 
@@ -43,6 +44,9 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: bool = False  # the client went away
+    # How the reply's tool calls are read back (serve/tool_calls.py): set with the prompt, before
+    # any event of the reply; None: the reply is text.
+    tool_reply: ToolReply | None = None
 
     def emit(self, kind: str, value) -> None:
         """From the decoding thread: an event for the request's handler. After a forced exit
@@ -213,7 +217,11 @@ class Decoder:
         """The request's prompt tokens and token budget, or the APIError that refuses it."""
         rt, req = self.rt, job.req
         if req.chat:
-            prompt = rt.chat(req.messages)
+            try:
+                tools, reply_start, job.tool_reply = prepare(req.tools, rt.model, req.parallel_tool_calls)
+            except ToolError as e:
+                raise api.bad(e.param, str(e)) from None
+            prompt = rt.chat(req.messages, tools, reply_start)
         else:
             prompt = list(req.prompt) if isinstance(req.prompt, list) else rt.tokens(req.prompt)
         n_ctx = rt.target.n_ctx

@@ -135,7 +135,10 @@ class _Routes:
             if kind == "error":
                 return _error(value)
             if kind == "done":
-                return _json(env.response(value))
+                if job.tool_reply is None:
+                    return _json(env.response(value))
+                content, calls = job.tool_reply.split(value.text)
+                return _json(env.response(value, calls, content))
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -162,6 +165,9 @@ async def _stream(job: Job, env: api.Envelope, kind: str, value):
     the last chunk (with usage if asked) and [DONE], or an error said in the stream."""
     first = True
     held = None  # an event taken while joining texts, not yet handled
+    # A reply that may call tools lets out only the text before a call (ToolStream); the calls
+    # go out whole once the reply has ended.
+    tools = job.tool_reply.stream() if job.tool_reply is not None else None
     try:
         while True:
             if kind == "text":
@@ -171,12 +177,23 @@ async def _stream(job: Job, env: api.Envelope, kind: str, value):
                     held = job.events.get_nowait()
                     if held[0] == "text":
                         value, held = value + held[1], None
-                yield orjson.dumps(env.chunk(value, first)).decode()
-                first = False
+                if tools is not None:
+                    value = tools.feed(value)
+                if value:
+                    yield orjson.dumps(env.chunk(value, first)).decode()
+                    first = False
             elif kind == "done":
-                if first:
+                calls = []
+                if tools is not None:
+                    rest, calls = tools.finish()
+                    if rest or (first and not calls):
+                        yield orjson.dumps(env.chunk(rest, first)).decode()
+                        first = False
+                if calls:
+                    yield orjson.dumps(env.calls_chunk(calls, first)).decode()
+                elif first:
                     yield orjson.dumps(env.chunk("", True)).decode()
-                yield orjson.dumps(env.last_chunk(value)).decode()
+                yield orjson.dumps(env.last_chunk(value, called=bool(calls))).decode()
                 if job.req.include_usage:
                     yield orjson.dumps(env.usage_chunk(value)).decode()
                 yield "[DONE]"

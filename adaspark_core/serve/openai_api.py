@@ -1,10 +1,12 @@
 """OpenAI's completion API as ``adaspark serve`` speaks it: requests read and checked, responses
 and stream chunks shaped, errors in OpenAI's form. Pure functions; the HTTP layer is
-adaspark_cli/serve_http.py.
+serve/http_app.py.
 
 A request field AdaSpark does not know is refused (400), and so is a known OpenAI field at a
-value it cannot honour (``n`` > 1, penalties, logprobs, tools): a client is never answered as if
-its option had been applied. Extensions of llama.cpp's servers are taken too: ``top_k``, ``min_p``.
+value it cannot honour (``n`` > 1, penalties, logprobs, a non-text ``response_format``): a client
+is never answered as if its option had been applied. ``tools`` and ``tool_choice`` go through the
+model's chat template, and the calls the model writes come back as ``tool_calls``
+(serve/tool_calls.py). Extensions of llama.cpp's servers are taken too: ``top_k``, ``min_p``.
 
 Decoding: ``temperature`` 0 (the server's default when a request sets none, ``--temperature``)
 is greedy and speculative; above 0 the request is sampled, also speculatively, by draws keyed by
@@ -24,6 +26,7 @@ from adaspark_core.base import sampling
 from adaspark_core.base.sampling import Sampling
 from adaspark_core.serve.service import INTERRUPTED, Reply
 from adaspark_core.serve.stdin_api import normalize_messages, reply_cap, stop_strings
+from adaspark_core.serve.tool_calls import ToolError, ToolRequest, openai_calls, read_tools
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 EXTENSION = "adaspark"  # the response field with AdaSpark's own statistics
@@ -59,6 +62,8 @@ class CompletionRequest:
     sampling: Sampling | None  # None: greedy (speculative)
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage
+    tools: ToolRequest = ToolRequest()  # the functions the model may call, and the choice
+    parallel_tool_calls: bool = True  # false: at most one call a reply
 
 
 # --- reading a request ----------------------------------------------------------------------------
@@ -117,8 +122,10 @@ def parse(raw: bytes, chat: bool, default_temperature: float = 0.0) -> Completio
         _neutral(body, "logprobs", (False,), "no log probabilities")
         _neutral(body, "top_logprobs", (0,), "no log probabilities")
         _neutral(body, "response_format", ({"type": "text"},), "text replies only")
-        _neutral(body, "tools", ([],), "no tool calls")
-        _neutral(body, "tool_choice", ("none",), "no tool calls")
+        try:
+            tools = read_tools(body.get("tools"), body.get("tool_choice"))
+        except ToolError as e:
+            raise bad(e.param, str(e)) from None
         if body.get("parallel_tool_calls") is not None and not isinstance(body["parallel_tool_calls"], bool):
             raise bad("parallel_tool_calls", "parallel_tool_calls must be true or false")
         _neutral(body, "store", (False,), "nothing is stored")
@@ -136,14 +143,15 @@ def parse(raw: bytes, chat: bool, default_temperature: float = 0.0) -> Completio
         _neutral(body, "echo", (False,), "the reply alone is returned")
         _neutral(body, "suffix", ("",), "no insertion")
         _neutral(body, "best_of", (1,), "one candidate per request")
-        messages = None
+        messages, tools = None, ToolRequest()
         prompt = _prompt(body.get("prompt"))
         max_tokens = _reply_cap(body, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise bad("stream", "stream must be true or false")
     return CompletionRequest(chat, messages, prompt, max_tokens, _stops(body.get("stop")),
-                             _sampling(body, default_temperature), bool(stream), _include_usage(body))
+                             _sampling(body, default_temperature), bool(stream), _include_usage(body), tools,
+                             body.get("parallel_tool_calls") is not False)
 
 
 def _prompt(v) -> str | list[int]:
@@ -203,11 +211,17 @@ class Envelope:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "choices": [choice] if choice is not None else [], **extra}
 
-    def response(self, reply: Reply) -> dict:
-        """The whole reply in one response."""
+    def response(self, reply: Reply, calls: list[dict] | None = None, content: str | None = None) -> dict:
+        """The whole reply in one response. ``content``: the reply's text as the client sees it
+        where it is not ``reply.text`` (a reply that may call tools: the text before its
+        ``calls``, null if none, with the finish ``tool_calls``)."""
         finish = FINISH_REASON[reply.finish]
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": reply.text}, "finish_reason": finish}
+        text = reply.text if content is None else content
+        if self.chat and calls:
+            message = {"role": "assistant", "content": text or None, "tool_calls": openai_calls(calls)}
+            choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+        elif self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": reply.text, "logprobs": None, "finish_reason": finish}
         return self._wrap(choice, False, usage=usage(reply), **{EXTENSION: extension(reply)})
@@ -221,9 +235,17 @@ class Envelope:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
         return self._wrap(choice, True)
 
-    def last_chunk(self, reply: Reply) -> dict:
-        """The chunk that ends a stream: the finish reason and AdaSpark's statistics."""
-        finish = FINISH_REASON[reply.finish]
+    def calls_chunk(self, calls: list[dict], first: bool = False) -> dict:
+        """The tool calls of a streamed reply, each whole in one delta (index, id, name, arguments)."""
+        delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(openai_calls(calls))]}
+        if first:
+            delta = {"role": "assistant", "content": None, **delta}
+        return self._wrap({"index": 0, "delta": delta, "finish_reason": None}, True)
+
+    def last_chunk(self, reply: Reply, called: bool = False) -> dict:
+        """The chunk that ends a stream: the finish reason (``called``: tool_calls) and AdaSpark's
+        statistics."""
+        finish = "tool_calls" if called else FINISH_REASON[reply.finish]
         choice = ({"index": 0, "delta": {}, "finish_reason": finish} if self.chat else
                   {"index": 0, "text": "", "logprobs": None, "finish_reason": finish})
         return self._wrap(choice, True, **{EXTENSION: extension(reply)})

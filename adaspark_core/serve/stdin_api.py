@@ -130,28 +130,57 @@ def stop_strings(v) -> tuple[str, ...]:
 def normalize_messages(messages) -> list[dict]:
     """Chat messages as the chat template takes them: {role, content[, name]} with text content.
     Content may also be a list of text parts ({"type": "text", "text": ...}), as OpenAI's API
-    sends it; they are joined. ValueError naming the first thing wrong."""
+    sends it; they are joined. An assistant message may carry ``tool_calls`` (then its content may
+    be null), each call's arguments JSON text made the object templates render; a tool message
+    its ``tool_call_id``. ValueError naming the first thing wrong."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise ValueError(f"message {i} must be an object with role and content")
-        extra = sorted(set(m) - {"role", "content", "name"})
-        if extra:
-            raise ValueError(f"message {i}: field {extra[0]} is not supported (a message has role, content, name)")
         role = m.get("role")
         role = ALIASES.get(role, role) if isinstance(role, str) else role
         if role not in ROLES:
             raise ValueError(f"message {i}: role must be one of {', '.join(ROLES + tuple(ALIASES))}")
+        own = {"assistant": {"tool_calls"}, "tool": {"tool_call_id"}}.get(role, set())
+        extra = sorted(set(m) - {"role", "content", "name"} - own)
+        if extra:
+            raise ValueError(f"message {i}: field {extra[0]} is not supported in a {role} message")
         content = m.get("content")
         if isinstance(content, list) and content and all(
                 isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) and len(p) == 2
                 for p in content):
             content = "".join(p["text"] for p in content)
+        if content is None and m.get("tool_calls"):
+            content = ""
         if not isinstance(content, str):
             raise ValueError(f"message {i}: content must be text or a list of text parts")
         if "name" in m and not isinstance(m["name"], str):
             raise ValueError(f"message {i}: name must be text")
-        out.append({**m, "role": role, "content": content})
+        if "tool_call_id" in m and not isinstance(m["tool_call_id"], str):
+            raise ValueError(f"message {i}: tool_call_id must be text")
+        norm = {**m, "role": role, "content": content}
+        if "tool_calls" in m:
+            norm["tool_calls"] = _calls(m["tool_calls"], i)
+        out.append(norm)
+    return out
+
+
+def _calls(calls, i: int) -> list[dict]:
+    """An assistant message's tool calls as templates render them: arguments an object (OpenAI
+    sends them as JSON text; Qwen's and Hermes' templates write them with ``tojson``)."""
+    if not isinstance(calls, list):
+        raise ValueError(f"message {i}: tool_calls must be a list")
+    out = []
+    for k, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
+            raise ValueError(f"message {i}: tool_calls.{k} must be {{\"type\": \"function\", \"function\": "
+                             "{\"name\": ..., \"arguments\": \"JSON text\"}}")
+        try:
+            arguments = orjson.loads(fn["arguments"])
+        except orjson.JSONDecodeError:
+            raise ValueError(f"message {i}: tool_calls.{k}.function.arguments is not JSON text") from None
+        out.append({**c, "type": "function", "function": {"name": fn["name"], "arguments": arguments}})
     return out

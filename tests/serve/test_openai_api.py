@@ -84,7 +84,7 @@ def test_a_completion_request_takes_text_or_token_ids():
     (True, {"messages": USER, "n": 2}, "n", "one choice"),
     (True, {"messages": USER, "frequency_penalty": 0.5}, "frequency_penalty", "penalties"),
     (True, {"messages": USER, "logprobs": True}, "logprobs", "log probabilities"),
-    (True, {"messages": USER, "tools": [{"type": "function"}]}, "tools", "no tool calls"),
+    (True, {"messages": USER, "tools": [{"type": "function"}]}, "tools", "tools.0 must be"),
     (True, {"messages": USER, "stream_options": {"include_usage": True}}, "stream_options", "stream: true"),
     (True, {"messages": USER, "model": 3}, "model", "model must be text"),
     (False, {"prompt": ["a", "b"]}, "prompt", "one prompt per request"),

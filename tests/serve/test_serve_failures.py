@@ -99,12 +99,12 @@ def start_together(decoder: Decoder, n: int) -> None:
     rt = decoder.rt
     chat = rt.chat
 
-    def first_waits(messages):
+    def first_waits(messages, *tools):
         rt.chat = chat
         deadline = time.monotonic() + WAIT_S
         while decoder.pending < n and time.monotonic() < deadline:
             time.sleep(0.005)
-        return chat(messages)
+        return chat(messages, *tools)
 
     rt.chat = first_waits
 

@@ -1,0 +1,251 @@
+"""Tool calls as OpenAI's chat API has them (``tools``, ``tool_choice``, a reply's ``tool_calls``).
+
+A model calls a tool by writing the call in its chat template's own format; which one is told by
+the template (``format_of``), as llama-server's ``--jinja`` tells it:
+
+- ``hermes`` (Qwen2.5, Hermes 2 and 3): ``<tool_call>{"name": N, "arguments": {...}}</tool_call>``,
+  one block per call;
+- ``mistral``: ``[TOOL_CALLS][{"name": N, "arguments": {...}}, ...]``;
+- ``llama3`` (Llama 3.1 to 3.3 JSON tool calling): the reply is ``{"name": N, "parameters": {...}}``,
+  perhaps after ``<|python_tag|>``.
+
+``tool_choice`` ``required`` or a named function starts the assistant's reply with the format's
+opening (and the name): the model writes the rest of the call. Pure functions: the model's template
+is rendered by the engine, the HTTP layer streams what ``ToolStream`` lets out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+
+NONE, AUTO, REQUIRED = "none", "auto", "required"
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How a model's replies hold calls: ``opener`` starts the calls (nothing before it is a
+    call); ``parse`` reads the calls from the text from the opener on."""
+
+    name: str
+    opener: str
+    args_key: str  # the call object's arguments field
+    lead: str = ""  # markup that may stand just before the opener, part of the call, not content
+
+    def prefix(self, function: str | None) -> str:
+        """What the reply starts with when a call is required (``function``: that one)."""
+        start = {"hermes": "<tool_call>\n", "mistral": "[TOOL_CALLS][", "llama3": ""}[self.name]
+        if function is None:
+            return start + ('{"name": "' if self.name == "llama3" else "")
+        return start + '{"name": ' + json.dumps(function) + f', "{self.args_key}": '
+
+    def parse(self, text: str) -> list[dict] | None:
+        """The calls ``text`` (from the opener on) holds, as (name, arguments object) dicts; None
+        unless all of it is calls in this format."""
+        if self.name == "hermes":
+            blocks = re.findall(r"<tool_call>(.*?)</tool_call>", text, flags=re.S)
+            rest = re.sub(r"<tool_call>.*?</tool_call>", "", text, flags=re.S)
+            if not blocks or rest.strip():
+                return None
+            objects = [_json(b) for b in blocks]
+        elif self.name == "mistral":
+            body = _json(text[len(self.opener):]) if text.startswith(self.opener) else None
+            objects = body if isinstance(body, list) and body else [None]
+        else:
+            objects = [_json(text)]
+        calls = []
+        for o in objects:
+            if (not isinstance(o, dict) or set(o) != {"name", self.args_key} or not isinstance(o["name"], str)
+                    or not isinstance(o[self.args_key], dict)):
+                return None
+            calls.append({"name": o["name"], "arguments": o[self.args_key]})
+        return calls
+
+
+FORMATS = {f.name: f for f in (ToolFormat("hermes", "<tool_call>", "arguments"),
+                               ToolFormat("mistral", "[TOOL_CALLS]", "arguments"),
+                               ToolFormat("llama3", '{"name"', "parameters", "<|python_tag|>"))}
+
+
+def format_of(template: str) -> ToolFormat | None:
+    """The tool-call format a chat template asks its model for, by the markup it shows the model
+    (None: one this server does not read)."""
+    if "<tool_call>" in template:
+        return FORMATS["hermes"]
+    if "[TOOL_CALLS]" in template:
+        return FORMATS["mistral"]
+    if "<|python_tag|>" in template or '"parameters"' in template:
+        return FORMATS["llama3"]
+    return None
+
+
+def _json(text: str):
+    try:
+        return json.loads(text.strip())
+    except ValueError:
+        return None
+
+
+# --- what a request offers ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """A chat request's tools (as the template takes them) and its choice: ``none``, ``auto``,
+    ``required`` or a function's name."""
+
+    tools: list[dict] = field(default_factory=list)
+    choice: str = NONE
+
+    @property
+    def forced(self) -> str | None:
+        """The function a named choice forces (None: any, or none)."""
+        return None if self.choice in (NONE, AUTO, REQUIRED) else self.choice
+
+    @property
+    def on(self) -> bool:
+        return bool(self.tools) and self.choice != NONE
+
+
+class ToolError(ValueError):
+    """A request's tools or tool choice that cannot be taken: ``param`` names the field."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+def read_tools(tools, tool_choice) -> ToolRequest:
+    """``tools`` and ``tool_choice`` of a request, checked; ToolError naming the first thing wrong."""
+    if tools is None or tools == []:
+        if tool_choice not in (None, NONE, AUTO):
+            raise ToolError("tool_choice", "tool_choice asks for a tool call, and the request has no tools")
+        return ToolRequest()
+    if not isinstance(tools, list):
+        raise ToolError("tools", "tools must be a list of functions")
+    names = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict) or set(t) != {"type", "function"}:
+            raise ToolError("tools", f"tools.{i} must be {{\"type\": \"function\", \"function\": {{...}}}}")
+        if not isinstance(fn.get("name"), str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", fn["name"]):
+            raise ToolError("tools", f"tools.{i}.function.name must be 1-64 letters, digits, _ . or -")
+        unknown = sorted(set(fn) - {"name", "description", "parameters", "strict"})
+        if unknown:
+            raise ToolError("tools", f"tools.{i}.function.{unknown[0]} is not a field of a function")
+        if "description" in fn and not isinstance(fn["description"], str):
+            raise ToolError("tools", f"tools.{i}.function.description must be text")
+        if "parameters" in fn and not isinstance(fn["parameters"], dict):
+            raise ToolError("tools", f"tools.{i}.function.parameters must be a JSON schema object")
+        if fn["name"] in names:
+            raise ToolError("tools", f"tools.{i}: a second function named {fn['name']}")
+        names.append(fn["name"])
+    if tool_choice is None:
+        choice = AUTO
+    elif tool_choice in (NONE, AUTO, REQUIRED):
+        choice = tool_choice
+    elif (isinstance(tool_choice, dict) and tool_choice.get("type") == "function"
+          and isinstance(tool_choice.get("function"), dict) and isinstance(tool_choice["function"].get("name"), str)):
+        choice = tool_choice["function"]["name"]
+        if choice not in names:
+            raise ToolError("tool_choice", f"tool_choice names {choice}, which is not one of the tools")
+    else:
+        raise ToolError("tool_choice", 'tool_choice must be "none", "auto", "required" or '
+                         '{"type": "function", "function": {"name": ...}}')
+    return ToolRequest(tools, choice)
+
+
+@dataclass(frozen=True)
+class ToolReply:
+    """How one reply's calls are read back: the model's format, what the reply was started with
+    (a required call's opening, part of the call's text), and whether it may hold several calls."""
+
+    fmt: ToolFormat
+    prefix: str = ""
+    parallel: bool = True
+
+    def split(self, text: str) -> tuple[str, list[dict]]:
+        """(content, calls) of the whole reply (``split_reply``); one call at most unless parallel."""
+        content, calls = split_reply(self.prefix + text, self.fmt)
+        if not calls:
+            return self.prefix + text, []
+        return content, calls if self.parallel else calls[:1]
+
+    def stream(self) -> "ToolStream":
+        return ToolStream(self.fmt, self.prefix, self.parallel)
+
+
+def prepare(request: ToolRequest, model, parallel: bool = True) -> tuple[list[dict] | None, str, ToolReply | None]:
+    """What a chat request's tools make of its prompt and reply on ``model`` (its chat template):
+    the tools the template shows, the text the reply starts with, and how its calls are read
+    back (None: the reply is text). ToolError if the template shows no tools or calls them in a
+    format this server does not read."""
+    if not request.on:
+        return None, "", None
+    name = getattr(model, "path", None)
+    name = getattr(name, "name", "the model")
+    if not model.takes_tools():
+        raise ToolError("tools", f"the chat template of {name} takes no tools (give one that does: --chat-template-file)")
+    fmt = format_of(model.chat_template)
+    if fmt is None:
+        raise ToolError("tools", f"the chat template of {name} calls tools in a format this server does not read "
+                        f"(it reads {', '.join(FORMATS)})")
+    prefix = fmt.prefix(request.forced) if request.choice != AUTO else ""
+    return request.tools, prefix, ToolReply(fmt, prefix, parallel)
+
+
+# --- the calls in a reply -----------------------------------------------------------------------
+
+def call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def openai_calls(calls: list[dict]) -> list[dict]:
+    """Parsed calls as a response's ``tool_calls``: arguments as JSON text, each with an id."""
+    return [{"id": call_id(), "type": "function",
+             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
+            for c in calls]
+
+
+def split_reply(text: str, fmt: ToolFormat) -> tuple[str, list[dict]]:
+    """(content, calls) of a whole reply: the calls from the format's opener on, if what follows
+    it is all calls; else the whole text is content and there are no calls."""
+    at = text.find(fmt.opener)
+    if at < 0:
+        return text, []
+    calls = fmt.parse(text[at:])
+    if calls is None:
+        return text, []
+    return text[:at].removesuffix(fmt.lead).rstrip(), calls
+
+
+class ToolStream:
+    """A streamed reply's text held back where a call may begin: ``feed`` returns the content that
+    can go out now (never a start of the opener, which may be a call's), ``finish`` the rest of
+    the content and the calls, read as ``split_reply`` reads the whole reply."""
+
+    def __init__(self, fmt: ToolFormat, prefix: str = "", parallel: bool = True):
+        self.fmt, self.parallel = fmt, parallel
+        self.text = prefix  # the reply so far (with what a required call started it with)
+        self.sent = 0  # characters of it already out as content
+
+    def feed(self, piece: str) -> str:
+        self.text += piece
+        marks = [m for m in (self.fmt.lead, self.fmt.opener) if m]
+        found = [at for at in (self.text.find(m, self.sent) for m in marks) if at >= 0]
+        if found:
+            end = min(found)  # from a call's start on, nothing goes out before the reply ends
+        else:
+            end = len(self.text)
+            held = [k for m in marks for k in range(1, min(len(m), end - self.sent + 1))
+                    if m.startswith(self.text[end - k:])]
+            end -= max(held, default=0)  # a start of a call's start: held until the next piece tells
+        out, self.sent = self.text[self.sent:end], max(self.sent, end)
+        return out
+
+    def finish(self) -> tuple[str, list[dict]]:
+        content, calls = split_reply(self.text, self.fmt)
+        if not calls:
+            return self.text[self.sent:], []
+        return content[self.sent:], calls if self.parallel else calls[:1]
