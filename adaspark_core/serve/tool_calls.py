@@ -24,15 +24,35 @@ from dataclasses import dataclass, field
 NONE, AUTO, REQUIRED = "none", "auto", "required"
 
 
+# Hermes-style models (Qwen2.5 among them) do not always write the template's ``<tool_call>``: a
+# call may stand bare, in a fenced code block or in another tag; llama-server's Hermes parser takes
+# all of these, and so does this one.
+_FENCES = ("", "```\n", "```json\n", "```xml\n")
+_TAGS = ("", "<tool_call>", "<function_call>", "<tool>", "<tools>", "<response>", "<json>", "<xml>", "<JSON>")
+_FENCE = re.compile(r"```(?:json|xml)?\n")
+_TAG = re.compile(r"<(tool_call|function_call|tool|tools|response|json|xml|JSON)>")
+_WINDOW = 64  # characters a call's start is looked for in (its markup and ``{"name"``, spaced out)
+
+
+def _canonical(s: str) -> str:
+    """``s`` without the whitespace a call's start may hold (after a fence's newline)."""
+    head = ""
+    if s.startswith("```"):
+        nl = s.find("\n")
+        if nl < 0:
+            return s
+        head, s = s[: nl + 1], s[nl + 1:]
+    return head + re.sub(r"\s+", "", s)
+
+
 @dataclass(frozen=True)
 class ToolFormat:
-    """How a model's replies hold calls: ``opener`` starts the calls (nothing before it is a
-    call); ``parse`` reads the calls from the text from the opener on."""
+    """How a model's replies hold calls: ``starts`` are the ways a call may begin (without
+    whitespace; nothing before the first call is a call), ``parse`` reads the calls from there on."""
 
     name: str
-    opener: str
+    starts: tuple[str, ...]
     args_key: str  # the call object's arguments field
-    lead: str = ""  # markup that may stand just before the opener, part of the call, not content
 
     def prefix(self, function: str | None) -> str:
         """What the reply starts with when a call is required (``function``: that one)."""
@@ -41,22 +61,32 @@ class ToolFormat:
             return start + ('{"name": "' if self.name == "llama3" else "")
         return start + '{"name": ' + json.dumps(function) + f', "{self.args_key}": '
 
+    def call_start(self, text: str, begin: int = 0, partial: bool = False) -> int:
+        """Where the first call of ``text`` (from ``begin``) starts, or -1. ``partial``: also where
+        the text ends in what may still become a call's start (a stream holds it back)."""
+        firsts = {c[0] for c in self.starts}
+        for p in range(begin, len(text)):
+            if text[p] not in firsts:
+                continue
+            head = _canonical(text[p: p + _WINDOW])
+            if any(head.startswith(c) for c in self.starts):
+                return p
+            if partial and p + _WINDOW >= len(text) and any(c.startswith(head) for c in self.starts):
+                return p
+        return -1
+
     def parse(self, text: str) -> list[dict] | None:
-        """The calls ``text`` (from the opener on) holds, as (name, arguments object) dicts; None
-        unless all of it is calls in this format."""
+        """The calls ``text`` (from the first call's start on) holds, as (name, arguments object)
+        dicts; None unless all of it is calls in this format."""
         if self.name == "hermes":
-            blocks = re.findall(r"<tool_call>(.*?)</tool_call>", text, flags=re.S)
-            rest = re.sub(r"<tool_call>.*?</tool_call>", "", text, flags=re.S)
-            if not blocks or rest.strip():
-                return None
-            objects = [_json(b) for b in blocks]
+            objects = _hermes_objects(text)
         elif self.name == "mistral":
-            body = _json(text[len(self.opener):]) if text.startswith(self.opener) else None
-            objects = body if isinstance(body, list) and body else [None]
+            body = _json(text.removeprefix("[TOOL_CALLS]"))
+            objects = body if isinstance(body, list) and body else None
         else:
-            objects = [_json(text)]
+            objects = [_json(text.removeprefix("<|python_tag|>"))]
         calls = []
-        for o in objects:
+        for o in objects or [None]:
             if (not isinstance(o, dict) or set(o) != {"name", self.args_key} or not isinstance(o["name"], str)
                     or not isinstance(o[self.args_key], dict)):
                 return None
@@ -64,9 +94,34 @@ class ToolFormat:
         return calls
 
 
-FORMATS = {f.name: f for f in (ToolFormat("hermes", "<tool_call>", "arguments"),
-                               ToolFormat("mistral", "[TOOL_CALLS]", "arguments"),
-                               ToolFormat("llama3", '{"name"', "parameters", "<|python_tag|>"))}
+def _hermes_objects(text: str) -> list | None:
+    """The call objects of Hermes-style calls, each perhaps fenced and tagged (its tag closed,
+    its fence closed), with only whitespace between them; None if anything else is there."""
+    decoder, out, pos = json.JSONDecoder(), [], 0
+    while True:
+        pos = len(text) - len(text[pos:].lstrip())
+        if pos == len(text):
+            return out or None
+        fence = _FENCE.match(text, pos)
+        pos = fence.end() if fence else pos
+        tag = _TAG.match(text, pos)
+        pos = tag.end() if tag else pos
+        try:
+            obj, pos = decoder.raw_decode(text, len(text) - len(text[pos:].lstrip()))
+        except ValueError:
+            return None
+        for close in ((f"</{tag.group(1)}>",) if tag else ()) + (("```",) if fence else ()):
+            pos = len(text) - len(text[pos:].lstrip())
+            if not text.startswith(close, pos):
+                return None
+            pos += len(close)
+        out.append(obj)
+
+
+FORMATS = {f.name: f for f in (
+    ToolFormat("hermes", tuple(f + t + '{"name"' for f in _FENCES for t in _TAGS), "arguments"),
+    ToolFormat("mistral", ("[TOOL_CALLS]",), "arguments"),
+    ToolFormat("llama3", ('{"name"', '<|python_tag|>{"name"'), "parameters"))}
 
 
 def format_of(template: str) -> ToolFormat | None:
@@ -209,21 +264,21 @@ def openai_calls(calls: list[dict]) -> list[dict]:
 
 
 def split_reply(text: str, fmt: ToolFormat) -> tuple[str, list[dict]]:
-    """(content, calls) of a whole reply: the calls from the format's opener on, if what follows
-    it is all calls; else the whole text is content and there are no calls."""
-    at = text.find(fmt.opener)
+    """(content, calls) of a whole reply: the calls from the first call's start on, if what follows
+    is all calls; else the whole text is content and there are no calls."""
+    at = fmt.call_start(text)
     if at < 0:
         return text, []
     calls = fmt.parse(text[at:])
     if calls is None:
         return text, []
-    return text[:at].removesuffix(fmt.lead).rstrip(), calls
+    return text[:at].rstrip(), calls
 
 
 class ToolStream:
     """A streamed reply's text held back where a call may begin: ``feed`` returns the content that
-    can go out now (never a start of the opener, which may be a call's), ``finish`` the rest of
-    the content and the calls, read as ``split_reply`` reads the whole reply."""
+    can go out now (never the start of a call, nor what may still become one), ``finish`` the rest
+    of the content and the calls, read as ``split_reply`` reads the whole reply."""
 
     def __init__(self, fmt: ToolFormat, prefix: str = "", parallel: bool = True):
         self.fmt, self.parallel = fmt, parallel
@@ -232,15 +287,8 @@ class ToolStream:
 
     def feed(self, piece: str) -> str:
         self.text += piece
-        marks = [m for m in (self.fmt.lead, self.fmt.opener) if m]
-        found = [at for at in (self.text.find(m, self.sent) for m in marks) if at >= 0]
-        if found:
-            end = min(found)  # from a call's start on, nothing goes out before the reply ends
-        else:
-            end = len(self.text)
-            held = [k for m in marks for k in range(1, min(len(m), end - self.sent + 1))
-                    if m.startswith(self.text[end - k:])]
-            end -= max(held, default=0)  # a start of a call's start: held until the next piece tells
+        at = self.fmt.call_start(self.text, self.sent, partial=True)
+        end = len(self.text) if at < 0 else at
         out, self.sent = self.text[self.sent:end], max(self.sent, end)
         return out
 

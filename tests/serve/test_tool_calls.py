@@ -44,6 +44,15 @@ def test_calls_after_text_are_read_and_the_text_is_the_content(fmt, text):
     assert json.loads(out[1]["function"]["arguments"]) == {"city": "Oslo"}
 
 
+@pytest.mark.parametrize("text", [
+    '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris"}\n}\n```',  # Qwen2.5-Coder-1.5B's way
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    '<function_call> {"name": "get_weather", "arguments": {"city": "Paris"}} </function_call>',
+])
+def test_a_hermes_call_may_stand_bare_fenced_or_in_another_tag(text):
+    assert split_reply("Sure.\n" + text, HERMES) == ("Sure.", [{"name": "get_weather", "arguments": {"city": "Paris"}}])
+
+
 def test_a_llama3_reply_is_one_json_call():
     assert split_reply('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Rome"}}', LLAMA3) == (
         "", [{"name": "get_weather", "arguments": {"city": "Rome"}}])
@@ -55,6 +64,8 @@ def test_a_llama3_reply_is_one_json_call():
     '<tool_call>{"name": "get_weather", "arguments": "Paris"}</tool_call>',  # arguments not an object
     '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call> and then some text',
     '<tool_call>{"name": "get_weather", "arguments": {}, "extra": 1}</tool_call>',
+    '```json\n{"name": "get_weather", "arguments": {}}\n',  # a fence never closed
+    '```python\nprint({"name": 1})\n```',
 ])
 def test_what_is_not_all_calls_is_content(text):
     assert split_reply(text, HERMES) == (text, [])
@@ -63,6 +74,8 @@ def test_what_is_not_all_calls_is_content(text):
 @pytest.mark.parametrize("fmt, text", [
     (HERMES, 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
     (HERMES, "No call here, only a < sign and <tool_ and <tool_cal."),
+    (HERMES, 'Code:\n```python\nx = {"a": 1}\n```\nDone.'),
+    (HERMES, 'As JSON:\n```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'),
     (HERMES, '<tool_call>{"name": "get_weather", "arguments": {"city": '),
     (MISTRAL, 'On it [TOOL_CALLS][{"name": "get_weather", "arguments": {}}]'),
     (LLAMA3, '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Rome"}}'),
@@ -72,7 +85,7 @@ def test_a_stream_lets_out_the_content_the_whole_reply_has_and_never_a_call(fmt,
         stream, out = ToolStream(fmt), ""
         for i in range(0, len(text), size):
             piece = stream.feed(text[i:i + size])
-            assert fmt.opener not in out + piece and (not fmt.lead or fmt.lead not in out + piece)
+            assert fmt.call_start(out + piece) < 0 or fmt.parse((out + piece)[fmt.call_start(out + piece):]) is None
             out += piece
         rest, calls = stream.finish()
         assert (out + rest, calls) == split_reply(text, fmt) or (out + rest).rstrip() == split_reply(text, fmt)[0]
