@@ -21,7 +21,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-NONE, AUTO, REQUIRED = "none", "auto", "required"
+NONE, AUTO, REQUIRED, NAMED = "none", "auto", "required", "function"
 
 
 # Hermes-style models (Qwen2.5 among them) do not always write the template's ``<tool_call>``: a
@@ -148,15 +148,11 @@ def _json(text: str):
 @dataclass(frozen=True)
 class ToolRequest:
     """A chat request's tools (as the template takes them) and its choice: ``none``, ``auto``,
-    ``required`` or a function's name."""
+    ``required`` or ``function``, the one named ``forced``."""
 
     tools: list[dict] = field(default_factory=list)
     choice: str = NONE
-
-    @property
-    def forced(self) -> str | None:
-        """The function a named choice forces (None: any, or none)."""
-        return None if self.choice in (NONE, AUTO, REQUIRED) else self.choice
+    forced: str | None = None  # the function a named choice forces
 
     @property
     def on(self) -> bool:
@@ -196,19 +192,20 @@ def read_tools(tools, tool_choice) -> ToolRequest:
         if fn["name"] in names:
             raise ToolError("tools", f"tools.{i}: a second function named {fn['name']}")
         names.append(fn["name"])
+    forced = None
     if tool_choice is None:
         choice = AUTO
     elif tool_choice in (NONE, AUTO, REQUIRED):
         choice = tool_choice
     elif (isinstance(tool_choice, dict) and tool_choice.get("type") == "function"
           and isinstance(tool_choice.get("function"), dict) and isinstance(tool_choice["function"].get("name"), str)):
-        choice = tool_choice["function"]["name"]
-        if choice not in names:
-            raise ToolError("tool_choice", f"tool_choice names {choice}, which is not one of the tools")
+        choice, forced = NAMED, tool_choice["function"]["name"]
+        if forced not in names:
+            raise ToolError("tool_choice", f"tool_choice names {forced}, which is not one of the tools")
     else:
         raise ToolError("tool_choice", 'tool_choice must be "none", "auto", "required" or '
                          '{"type": "function", "function": {"name": ...}}')
-    return ToolRequest(tools, choice)
+    return ToolRequest(tools, choice, forced)
 
 
 @dataclass(frozen=True)

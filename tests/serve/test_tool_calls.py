@@ -108,6 +108,8 @@ def test_tools_and_the_choice_are_checked():
     named = read_tools([WEATHER], {"type": "function", "function": {"name": "get_weather"}})
     assert named.forced == "get_weather" and named.on
     assert not read_tools([WEATHER], "none").on
+    auto = {"type": "function", "function": {"name": "auto"}}  # a function may be named as a choice is
+    assert read_tools([auto], {"type": "function", "function": {"name": "auto"}}).forced == "auto"
     bad = [
         ("x", None, "tools must be a list"),
         ([{"type": "function"}], None, "tools.0 must be"),
