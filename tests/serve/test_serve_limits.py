@@ -389,8 +389,15 @@ def test_a_flood_of_idle_and_slow_connections_and_a_huge_body_leave_the_server_s
                     real["seconds"] = time.monotonic() - t
                     while not flood_over.is_set():
                         t = time.monotonic()
-                        r = client.post("/v1/chat/completions",
-                                        content=orjson.dumps(chat_body("And then?", max_tokens=200)))
+                        try:
+                            r = client.post("/v1/chat/completions",
+                                            content=orjson.dumps(chat_body("And then?", max_tokens=200)))
+                        except httpx.TransportError:
+                            # Between two requests the connection is idle, and when every other one
+                            # is mid-request it is the one the cap sheds: a client comes back on a
+                            # new connection, as after any idle keep-alive close.
+                            real["shed"] = real.get("shed", 0) + 1
+                            continue
                         real["replies"].append((r.status_code, time.monotonic() - t))
             except Exception as e:  # said by the assertions below
                 real["error"] = repr(e)
