@@ -116,9 +116,6 @@ class SimLMTarget:
     def tokenize(self, text: str, special: bool = True) -> list[int]:
         return self.model.tokenize(text, special)
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
-        return self.model.chat_prompt(messages)
-
     def piece(self, token: int) -> bytes:
         return self.model.piece(token)
 
