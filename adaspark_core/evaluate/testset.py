@@ -44,6 +44,8 @@ class Conversation:
     kind: str
     turns: tuple[dict, ...]
     tools: tuple[dict, ...] = ()  # the tool schemas a tool-use conversation offers
+    # The OpenAI response_format its replies must follow (json_workload's structured-output requests)
+    response_format: dict | None = None
 
 
 def load(path: Path) -> list[Conversation]:
