@@ -34,6 +34,7 @@ COPY_MIN = FOLLOWER_CONTEXT + 1  # an n-gram copy needs a longer matching contex
 PICK = "pick"
 SIBLING = "sibling"
 NGRAM = "ngram"
+FORCED = "forced"  # the only token a request's grammar allows there (decode/grammar.py): certain
 
 
 @dataclass(slots=True)
@@ -42,7 +43,7 @@ class Candidate:
 
     token: int
     parent: int  # index of the parent candidate in the round's list, or ANCHOR
-    source: str  # PICK, SIBLING or NGRAM
+    source: str  # PICK, SIBLING, NGRAM or FORCED
     depth: int  # 1 for a child of the anchor
     q: float = 0.0  # P(accepted | parent accepted): a round sets it on the record's dicts (decide_round)
     h: float | None = None  # drafter confidence head at this position
@@ -283,6 +284,8 @@ def sigmoid(x: float) -> float:
 def head_q(c: dict, p_src: float, offset: float = 0.0) -> float:
     """The head-based estimate of one candidate, shifted by the per-request logit ``offset``."""
     src = c["source"]
+    if src == FORCED:
+        return 1.0
     if src == NGRAM:
         base = p_src
     elif src == PICK:

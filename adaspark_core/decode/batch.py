@@ -59,12 +59,13 @@ def decide_step(plans: list[RoundPlan], arms, learners: Learners | None, cells: 
         out = []
         for i, (plan, arm) in enumerate(zip(plans, arms)):
             select(i)
-            out.append(decide_round(plan.cand_dicts, plan.context, plan.p_src, arm, plan.max_rows, learners))
+            out.append(decide_round(plan.cand_dicts, plan.context, plan.p_src, arm, plan.max_rows, learners,
+                                    plan.constrained))
         return out
     priced = []
     for i, (plan, arm) in enumerate(zip(plans, arms)):
         select(i)
-        priced.append(price_round(plan.cand_dicts, plan.context, plan.p_src, arm, learners))
+        priced.append(price_round(plan.cand_dicts, plan.context, plan.p_src, arm, learners, plan.constrained))
     policy = learners.policy
     widths = policy.decide_step([(order, big_q) for _, order, big_q in priced], cells, policy.cost.d_now(),
                                 [plan.max_rows for plan in plans])

@@ -16,14 +16,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+import numpy as np
+
 from adaspark_core.base import tree
 from adaspark_core.base.errors import InputError
-from adaspark_core.base.sampling import Sampling
+from adaspark_core.base.sampling import Sampling, draw
 from adaspark_core.base.tree import Candidate
 from adaspark_core.candidates.base import PicksOnly, Proposer, propose_round
 from adaspark_core.candidates.memory import NgramMemory
 from adaspark_core.candidates.ngram import KeptIndexes, NgramSource
 from adaspark_core.decode.arms import Arm, Speculation
+from adaspark_core.decode.grammar import Grammar
 from adaspark_core.decode.round import (
     CONTEXT,
     INTERRUPTED,
@@ -54,6 +57,7 @@ class RoundPlan:
     p_src: float | None
     max_rows: int  # the most rows this round may verify (the arm, the target, the context)
     drafting: Drafting | None = None  # a draft model's forwards
+    constrained: bool = False  # decoded under a grammar (decode/grammar.py)
     decision: RoundDecision | None = None
     layout: tree.Layout | None = None  # the rows to verify, depth first
 
@@ -150,10 +154,11 @@ class Generation:
         memory: NgramMemory | None = None,
         remember: bool = True,
         kept_indexes: KeptIndexes | None = None,
+        grammar: Grammar | None = None,
     ):
         self.spec = Speculation.of(spec)
         arm = self.spec.arm
-        _check_request(target, arm, prompt, max_tokens, drafter, sampling)
+        _check_request(target, arm, prompt, max_tokens, drafter, sampling, grammar)
         self.target = target
         self._is_end = functools.lru_cache(maxsize=None)(target.is_eog)  # asked of every candidate's token
         self.arm = arm
@@ -167,6 +172,10 @@ class Generation:
         # record the settings and seed and teach the ``learners`` they are given, which must be
         # the sampled regime's (Learners.regime): sampled acceptance is not greedy acceptance.
         self.sampling = sampling
+        # A reply under a ``grammar`` (structured output, decode/grammar.py) takes at each row the
+        # target's best token among those the grammar allows; its rounds lead with the tokens the
+        # grammar alone allows and verify no candidate it forbids.
+        self.grammar = grammar
         self.seed = (sampling.seed if sampling.seed is not None else secrets.randbits(63)) if sampling else None
         self._sampling_json = None if sampling is None else {
             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
@@ -283,19 +292,21 @@ class Generation:
             if arm.adaptive and self.learners is not None:
                 go_on = draft_rule(self.learners, target.n_past + 1, max_rows)
         cands = tree.cut_below_ends(propose_round(self.proposers, depth_limit, go_on), self._is_end)
+        if self.grammar is not None:
+            cands = self.grammar.fit(cands, depth_limit)
         p_src = self.ngram.p_src if self.ngram is not None else None
         drafting = None
         if draft is not None:
             drafting = Drafting(**(draft.last_draft or {"forwards": [], "rows": 0, "limit": 0}), max_rows=max_rows)
         return RoundPlan(rnd, t0, t0, target.anchor, target.n_past + 1, cands, [c.to_dict() for c in cands],
-                         p_src, max_rows, drafting)
+                         p_src, max_rows, drafting, constrained=self.grammar is not None)
 
     def decide(self, plan: RoundPlan) -> RoundPlan:
         """Price, order and choose the width of a round verified alone (a batched step decides its
         requests together: batch.decide_step)."""
         self.use_learners()
         return self.decided(plan, decide_round(plan.cand_dicts, plan.context, plan.p_src, self.arm,
-                                               plan.max_rows, self.learners))
+                                               plan.max_rows, self.learners, plan.constrained))
 
     def decided(self, plan: RoundPlan, decision: RoundDecision) -> RoundPlan:
         """``plan`` with its decision and the rows to verify, depth first."""
@@ -315,7 +326,9 @@ class Generation:
         build the round's record; the tokens go out as a delta of the reply (Stats.delta). Returns
         the tokens the round emitted."""
         target, lay = self.target, plan.layout
-        if self.sampling is None:
+        if self.grammar is not None:
+            path_rows, bonus = self._walk_under_grammar(lay, ver)
+        elif self.sampling is None:
             path_rows, bonus = tree.accept_walk(lay, ver.argmax)
         else:  # each row's token drawn, lazily: the walk reads only the rows on its path
             drawn = Draws(target.row_logits(), self.sampling, self.seed, target.n_past, lay.depth)
@@ -324,6 +337,8 @@ class Generation:
         accepted = [lay.token[r] for r in path_rows] + [bonus]
         n_commit, finish = stop_cut(accepted, target.is_eog, self.max_tokens - len(self.tokens))
         committed = accepted[:n_commit]
+        if self.grammar is not None:
+            self.grammar.commit(committed)
         commit_ms = target.commit(lay, path_rows[: n_commit - 1], committed[-1])
         verified = [plan.cands[j] for j in lay.cand[1:]]
         on_path = [plan.cands[lay.cand[r]] for r in path_rows]
@@ -339,6 +354,33 @@ class Generation:
         self._record(plan, ver, path_rows, bonus, emitted, commit_ms, finish)
         self.stats.delta(len(emitted), self.clock())
         return emitted
+
+    def _walk_under_grammar(self, lay: tree.Layout, ver: Verified) -> tuple[list[int], int]:
+        """The accept walk over the rows' tokens under the grammar (grammar.GrammarRows): greedy,
+        the argmax over the allowed tokens; sampled, a draw from the allowed ones (the mask
+        first, then the sampler chain). ``ver.argmax`` becomes those tokens, for the record."""
+        logits = None
+
+        def row(r: int) -> np.ndarray:
+            nonlocal logits
+            if logits is None:
+                logits = self.target.row_logits()
+            return logits[r]
+
+        if self.sampling is None:
+            def pick(r: int, allowed: np.ndarray) -> int:
+                return int(np.argmax(np.where(allowed, row(r), -np.inf)))
+            rows = self.grammar.rows(lay, pick, ver.argmax)
+        else:
+            pos0 = self.target.n_past
+
+            def pick(r: int, allowed: np.ndarray) -> int:
+                return draw(np.where(allowed, row(r), -np.inf), self.sampling, self.seed, pos0 + lay.depth[r])
+            rows = self.grammar.rows(lay, pick, None)
+        walked = tree.accept_walk(lay, rows)
+        rows.release()
+        ver.argmax = rows.as_list()
+        return walked
 
     def _record(self, plan: RoundPlan, ver: Verified, path_rows: list[int], bonus: int, emitted: list[int],
                 commit_ms: float, finish: str | None) -> None:
@@ -376,6 +418,7 @@ class Generation:
             finish=finish,
             sampling=self._sampling_json,
             drafting=plan.drafting,
+            constrained=plan.constrained,
         )
         self.last_record = rec
         self._held = rec  # learns at the next round or when the reply ends (learn_previous_round, close)
@@ -393,10 +436,12 @@ class Generation:
 
 
 def _check_request(target: Target, arm: Arm, prompt: list[int], max_tokens: int, drafter: Proposer | None,
-                   sampling: Sampling | None) -> None:
+                   sampling: Sampling | None, grammar: Grammar | None) -> None:
     """InputError unless ``target`` can decode this request with ``arm``."""
     if sampling is not None and not hasattr(target, "row_logits"):
         raise InputError("this target gives no distribution to sample from: use temperature 0")
+    if grammar is not None and not hasattr(target, "row_logits"):
+        raise InputError("this target gives no distribution to constrain: no grammar on it")
     if arm.needs_tree and not target.supports_trees:
         raise InputError(f"arm {arm.name} needs tree verification, which recurrent/hybrid models cannot do; use chain:N or ar")
     if arm.max_width > 1 and not target.supports_chains:

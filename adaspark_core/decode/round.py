@@ -39,7 +39,7 @@ class RoundDecision:
 
 
 def decide_round(cands: list[dict], context: int, p_src: float | None, arm: Arm, max_rows: int,
-                 learners: Learners | None) -> RoundDecision:
+                 learners: Learners | None, constrained: bool = False) -> RoundDecision:
     """One round's decisions before its verify (Algorithm 1): price every candidate (sets its
     ``q``), order them best first (Proposition 1), and choose the width, the arm's or, for an
     adaptive arm, the width policy's, at most ``max_rows``. ``cands``: the round record's
@@ -47,8 +47,9 @@ def decide_round(cands: list[dict], context: int, p_src: float | None, arm: Arm,
     drives the learners exactly as the run did.
 
     With learners, the acceptance model prices (the fitted model only where the arm allows it);
-    without, the head-based estimate with no offset. ``p_src`` None (no n-gram source): 0.5."""
-    priced, order, big_q = price_round(cands, context, p_src, arm, learners)
+    without, the head-based estimate with no offset. ``p_src`` None (no n-gram source): 0.5.
+    ``constrained``: the round decodes under a grammar (its FORCED candidates are certain)."""
+    priced, order, big_q = price_round(cands, context, p_src, arm, learners, constrained)
     if arm.adaptive:
         policy = learners.policy
         dec = policy.decide(cands, order, context, policy.cost.d_now(), max_rows, big_q)
@@ -64,7 +65,7 @@ def fitted_to(dec: WidthDecision, n_cands: int) -> WidthDecision:
 
 
 def price_round(cands: list[dict], context: int, p_src: float | None, arm: Arm,
-                learners: Learners | None) -> tuple[str | None, list[int], list[float]]:
+                learners: Learners | None, constrained: bool = False) -> tuple[str | None, list[int], list[float]]:
     """Price every candidate (sets its ``q``) and order them best first: (which estimate priced,
     the order, the path products Q). The first half of ``decide_round``; a batched step
     (decode/batch.py) prices each request so and chooses the widths of all together."""
@@ -72,7 +73,7 @@ def price_round(cands: list[dict], context: int, p_src: float | None, arm: Arm,
     if cands:
         p_src = 0.5 if p_src is None else p_src
         if learners is not None:
-            est = learners.acceptance.estimate(cands, context, p_src, fitted_allowed=arm.fitted)
+            est = learners.acceptance.estimate(cands, context, p_src, fitted_allowed=arm.fitted, constrained=constrained)
             qs, priced = est.q, est.priced
         else:
             qs, priced = [head_q(c, p_src) for c in cands], HEAD

@@ -29,6 +29,7 @@ from adaspark_core.candidates.memory_file import save as save_memory
 from adaspark_core.candidates.ngram import KeptIndexes
 from adaspark_core.decode.arms import Arm, Speculation
 from adaspark_core.decode.generation import Generation
+from adaspark_core.decode.grammar import Grammar
 from adaspark_core.engine import simlm
 from adaspark_core.learn.learned import Learners
 from adaspark_core.store.fingerprint import fingerprint, fingerprint_key
@@ -180,18 +181,24 @@ class Runtime:
         reply, which starts with ``reply_start``."""
         return self.model.chat_prompt(messages, tools, reply_start)
 
+    def json_grammar(self, schema: dict | None) -> Grammar:
+        """A request's grammar of JSON replies following ``schema`` (None: any JSON object) on
+        the runtime's model; InputError for a schema that cannot be compiled."""
+        return Grammar.for_schema(self.model, schema)
+
     def generation(self, prompt: list[int], max_tokens: int, request_id: str = "r0",
-                   sampling: Sampling | None = None, target=None) -> Generation:
+                   sampling: Sampling | None = None, target=None, grammar: Grammar | None = None) -> Generation:
         """One request on the runtime's arm, learners, drafter and log. A simulated target brings
         its virtual clock; a real one is timed on the wall clock. A sampled request (``sampling``)
         speculates as a greedy one does, with draws speculation cannot change (sampling.py), and
         learns into the sampled regime's learners (Learners.regime). ``target``: the slot it
-        decodes in (one of ``slots``), by default the runtime's target."""
+        decodes in (one of ``slots``), by default the runtime's target. ``grammar``: its reply's
+        (structured output, ``json_grammar``)."""
         clock = getattr(self.target, "clock", time.perf_counter)
         learners = self.learners.regime(sampling is not None) if self.learners is not None else None
         return Generation(target or self.target, prompt, self.spec, max_tokens, request_id=request_id,
                           log=self.log, clock=clock, drafter=self.drafter, learners=learners,
-                          memory=self.memory, sampling=sampling, kept_indexes=self.kept_indexes)
+                          memory=self.memory, sampling=sampling, kept_indexes=self.kept_indexes, grammar=grammar)
 
     def run(self, gen: Generation, on_text: Callable[[str], None] | None = None,
             stop: Callable[[], str | None] | None = None) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import llguidance
 import numpy as np
 
 from adaspark_core.base.errors import InputError
@@ -71,6 +72,10 @@ class SimModel:
 
     def piece(self, token: int) -> bytes:
         return bytes([token - BYTE0]) if token >= BYTE0 else b""
+
+    def grammar_tokenizer(self) -> llguidance.LLTokenizer:
+        """The byte vocabulary as llguidance reads it (decode/grammar.py): EOG a special token."""
+        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocab(self.n_vocab)))
 
     def is_eog(self, token: int) -> bool:
         return token == EOG
@@ -173,3 +178,17 @@ class SimLMTarget:
 
     def close(self) -> None:
         pass
+
+
+class _ByteVocab:
+    """What llguidance.TokenizerWrapper reads of a tokenizer, for the byte tokens: each token's
+    bytes (the unused and the end token as special tokens, marked by the 0xff lead byte as
+    llguidance's own llama.cpp reader marks them) and the encoder."""
+
+    def __init__(self, n_vocab: int):
+        self.eos_token_id, self.bos_token_id = EOG, None
+        self.tokens = [b"\xff<unused>", b"\xff<bos>", b"\xff<eog>"] + [bytes([b]) for b in range(n_vocab - BYTE0)]
+        self.special_token_ids = list(range(BYTE0))
+
+    def __call__(self, data: bytes) -> list[int]:
+        return [b + BYTE0 for b in data]

@@ -253,7 +253,7 @@ def _replay(records: Iterable[RoundRecord], learners: Learners, report: Report, 
             _check_depth(rec, regime)
         # The decision prices copies of the candidates: the record keeps the q the run logged.
         priced = [dict(c) for c in rec.candidates]
-        dec = decide_round(priced, rec.context, rec.p_src, arm, _max_rows(rec, arm), regime)
+        dec = decide_round(priced, rec.context, rec.p_src, arm, _max_rows(rec, arm), regime, rec.constrained)
         if check:
             _check(rec, priced, dec)
         if priced:
@@ -479,7 +479,7 @@ def _replay_step(group: list[RoundRecord], learners: Learners, report: Report,
             continue
         regime = learners.regime(sampled)
         plans = [RoundPlan(r.round, 0.0, 0.0, r.anchor, r.context, [], [dict(c) for c in r.candidates], r.p_src,
-                           r.step.max_rows) for r in recs]
+                           r.step.max_rows, constrained=r.constrained) for r in recs]
         decisions = decide_step(plans, [_arm(r) for r in recs], regime, recs[0].step.cells,
                                 lambda k, recs=recs, regime=regime: regime.use(recs[k].request))
         for r, plan, dec in zip(recs, plans, decisions):

@@ -39,6 +39,12 @@ per-request logit offset (AdaGrad). A guard scores each round's labels under bot
 either learns from them; the fitted model prices the tree only while its decayed log loss per
 labelled node is the lower.
 
+Under a grammar (decode/grammar.py) a candidate the grammar alone allows (FORCED) is certain:
+q = 1 in both estimates, and it teaches nothing. Every other candidate of a constrained round adds
+its source's grammar weight (a bucket, beyond the paper): the grammar has cut what it forbids, so
+what is left is likelier accepted than a free candidate with the same features, and the weight
+learns by how much, shared by every constrained request (a class of its own).
+
 The paper's exploration (a row every 16th tree round for the least-labelled n-gram bucket) is
 replaced by the hindsight labels, which reach every node exploration could label, at no verify cost.
 
@@ -53,7 +59,7 @@ import math
 from dataclasses import dataclass, field
 
 from adaspark_core.base.checks import VERSION_FIELD, count, fields, section
-from adaspark_core.base.tree import ANCHOR, NGRAM, P_CLIP, PICK, head_q, hindsight_path, logit
+from adaspark_core.base.tree import ANCHOR, FORCED, NGRAM, P_CLIP, PICK, head_q, hindsight_path, logit
 from adaspark_core.candidates.ngram import evidence_bin
 from adaspark_core.learn.online import FTRL, AdaGradScalar, Decayed
 
@@ -99,11 +105,20 @@ class AcceptParams:
 PRIOR = {"a0": math.log(2.0), "a1": 1.0, "a4": 1.0, "a7": 1.0}
 
 
-def features(c: dict, ctx: float, lp: float, lg=logit) -> tuple[float, list[tuple[str, float]], list[tuple[str, float]]]:
+def features(c: dict, ctx: float, lp: float, lg=logit,
+             constrained: bool = False) -> tuple[float, list[tuple[str, float]], list[tuple[str, float]]]:
     """(fixed part of the score, coefficient features, bucket features) of one candidate's s_j,
     the request intercept excluded. ``ctx`` is the context feature, ``lp`` = logit p_src, ``lg``
     the logit (a caller may pass a memoised one: a block's siblings share h and sigma). The fixed
-    part carries the terms with no coefficient: the agreed / contradicted max(0, logit p_src)."""
+    part carries the terms with no coefficient: the agreed / contradicted max(0, logit p_src).
+    ``constrained``: the round is decoded under a grammar (its source's grammar bucket)."""
+    fixed, coef, buckets = _free_features(c, ctx, lp, lg)
+    if constrained:
+        buckets = [*buckets, ("grammar:" + c["source"], 1.0)]
+    return fixed, coef, buckets
+
+
+def _free_features(c: dict, ctx: float, lp: float, lg) -> tuple[float, list[tuple[str, float]], list[tuple[str, float]]]:
     coef = [("ctx", ctx)]
     src = c["source"]
     if src == NGRAM:
@@ -156,6 +171,7 @@ class Estimates:
     kids: dict[int, list[int]]
     ctx: float  # the round's context feature and logit p_src, for the features of labelled nodes
     lp: float
+    constrained: bool = False  # the round is decoded under a grammar
 
     @property
     def q(self) -> list[float]:
@@ -253,12 +269,14 @@ class AcceptanceModel:
         """The guard: the fitted model prices while its decayed log loss per node is lower."""
         return self.guard_head.y > 0 and self.guard_fitted.x < self.guard_head.x
 
-    def estimate(self, cands: list[dict], context: int, p_src: float, fitted_allowed: bool = True) -> Estimates:
+    def estimate(self, cands: list[dict], context: int, p_src: float, fitted_allowed: bool = True,
+                 constrained: bool = False) -> Estimates:
         """Both estimates for every candidate of a round (Eq. 6 over every parent's candidates,
         placed or not, so each q is fixed before the tree is chosen), and which one prices the
         tree: the fitted model where the guard prefers it, unless not ``fitted_allowed`` (the
         ``cost`` arm: the head-based estimate always; the model still learns, so the guard's
-        record is the same either way)."""
+        record is the same either way). ``constrained``: the round decodes under a grammar, whose
+        FORCED candidates are certain."""
         b_req, off = self.fit.intercept.value, self.fit.offset.value
         wc, wb = self.coef.weight, self.buckets.weight
         ctx, lp = math.log(max(context, 1) / self.p.context_unit), logit(p_src)
@@ -272,11 +290,14 @@ class AcceptanceModel:
             if c["source"] == NGRAM:
                 s = by_bucket.get(c["bucket"])
                 if s is None:
-                    s = by_bucket[c["bucket"]] = self._score(features(c, ctx, lp, lg), b_req, wc, wb)
+                    s = by_bucket[c["bucket"]] = self._score(features(c, ctx, lp, lg, constrained), b_req, wc, wb)
                 scores.append(s)
                 head.append(head_ng)
+            elif c["source"] == FORCED:
+                scores.append(0.0)  # (not scored: q = 1 below)
+                head.append(1.0)
             else:
-                scores.append(self._score(features(c, ctx, lp, lg), b_req, wc, wb))
+                scores.append(self._score(features(c, ctx, lp, lg, constrained), b_req, wc, wb))
                 head.append(head_q(c, p_src, off))
         kids = children_of(cands)
         fitted = [0.0] * len(cands)
@@ -284,8 +305,9 @@ class AcceptanceModel:
             e = [math.exp(scores[j]) for j in group]
             denom = 1.0 + sum(e)
             for j, ej in zip(group, e):
-                fitted[j] = ej / denom
-        est = Estimates(fitted, head, FITTED if fitted_allowed and self.fitted_wins else HEAD, kids, ctx, lp)
+                fitted[j] = 1.0 if cands[j]["source"] == FORCED else ej / denom
+        est = Estimates(fitted, head, FITTED if fitted_allowed and self.fitted_wins else HEAD, kids, ctx, lp,
+                        constrained)
         self.fit.last = (cands, est)
         return est
 
@@ -330,7 +352,8 @@ class AcceptanceModel:
             if fit.last is not None and fit.last[0] is cands:
                 est = fit.last[1]
             else:
-                est = self.estimate(cands, rec.context, rec.p_src if rec.p_src is not None else 0.5)
+                est = self.estimate(cands, rec.context, rec.p_src if rec.p_src is not None else 0.5,
+                                    constrained=rec.constrained)
             fit.last = None
             row_of = {j: r for r, j in enumerate(rec.rows)}  # the anchor's row is ANCHOR -> 0
             labelled = [(parent, rec.argmax[row_of[parent]]) for parent in [ANCHOR, *rec.path]]
@@ -373,7 +396,7 @@ class AcceptanceModel:
         steps = []
         for parent, truth in labelled:
             group = est.kids.get(parent)
-            if not group:
+            if not group or cands[group[0]]["source"] == FORCED:  # (a forced candidate is its parent's only one)
                 continue
             labels = [cands[j]["token"] == truth for j in group]
             lf = sum(node_loss(est.fitted[j], y) for j, y in zip(group, labels))
@@ -392,7 +415,7 @@ class AcceptanceModel:
                 g = est.fitted[j] - y  # d(-log softmax)/ds_j
                 g_req += g
                 g_off += est.head[j] - y  # d(node log loss)/d(logit offset)
-                _, coef, buckets = features(cands[j], est.ctx, est.lp)
+                _, coef, buckets = features(cands[j], est.ctx, est.lp, constrained=est.constrained)
                 for k, x in coef:
                     g_coef[k] = g_coef.get(k, 0.0) + g * x
                 for k, x in buckets:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from adaspark_core.base.errors import InputError
+from adaspark_core.decode.grammar import Grammar
 from adaspark_core.decode.runtime import Runtime
 from adaspark_core.serve import openai_api as api
 from adaspark_core.serve.service import BatchServer, Reply, keep, serve_request
@@ -190,11 +191,11 @@ class Decoder:
             if job.cancelled:
                 self._reply(job, None)
                 return
-            prompt, max_tokens = self._prompt(job)
+            prompt, max_tokens, grammar = self._prompt(job)
             req = job.req
             server.admit(prompt, max_tokens, job.name, stops=req.stops, sampling=req.sampling,
                          on_text=(lambda text: job.emit("text", text)) if req.stream else None,
-                         cancelled=lambda: job.cancelled or self.stopping)
+                         cancelled=lambda: job.cancelled or self.stopping, grammar=grammar)
         except InputError as e:
             self._reply(job, api.APIError(400, str(e)))
         except api.APIError as e:
@@ -213,8 +214,9 @@ class Decoder:
         if outcome is not None:
             job.emit("done" if isinstance(outcome, Reply) else "error", outcome)
 
-    def _prompt(self, job: Job) -> tuple[list[int], int]:
-        """The request's prompt tokens and token budget, or the APIError that refuses it."""
+    def _prompt(self, job: Job) -> tuple[list[int], int, Grammar | None]:
+        """The request's prompt tokens, token budget and reply grammar (``response_format``), or
+        the APIError that refuses it."""
         rt, req = self.rt, job.req
         if req.chat:
             try:
@@ -231,15 +233,21 @@ class Decoder:
                                param="messages" if req.chat else "prompt", code="context_length_exceeded")
         if not req.chat and isinstance(req.prompt, list) and max(prompt) >= rt.target.n_vocab:
             raise api.bad("prompt", f"token id {max(prompt)} is outside the vocabulary ({rt.target.n_vocab})")
-        return prompt, req.max_tokens or n_ctx
+        grammar = None
+        if req.response_format.json:
+            try:
+                grammar = rt.json_grammar(req.response_format.schema)
+            except InputError as e:
+                raise api.bad("response_format", str(e)) from None
+        return prompt, req.max_tokens or n_ctx, grammar
 
     def _decode(self, job: Job) -> Reply:
         rt, req = self.rt, job.req
         try:
-            prompt, max_tokens = self._prompt(job)
+            prompt, max_tokens, grammar = self._prompt(job)
             return serve_request(
                 rt, prompt, max_tokens, name=job.name, stops=req.stops,
-                sampling=req.sampling,
+                sampling=req.sampling, grammar=grammar,
                 # a whole response needs no pieces: waking the event loop every round costs the decode
                 on_text=(lambda text: job.emit("text", text)) if req.stream else None,
                 cancelled=lambda: job.cancelled or self.stopping, on_warning=self.warn)

@@ -3,10 +3,12 @@ and stream chunks shaped, errors in OpenAI's form. Pure functions; the HTTP laye
 serve/http_app.py.
 
 A request field AdaSpark does not know is refused (400), and so is a known OpenAI field at a
-value it cannot honour (``n`` > 1, penalties, logprobs, a non-text ``response_format``): a client
-is never answered as if its option had been applied. ``tools`` and ``tool_choice`` go through the
-model's chat template, and the calls the model writes come back as ``tool_calls``
-(serve/tool_calls.py). Extensions of llama.cpp's servers are taken too: ``top_k``, ``min_p``.
+value it cannot honour (``n`` > 1, penalties, logprobs): a client is never answered as if its
+option had been applied. ``tools`` and ``tool_choice`` go through the model's chat template, and
+the calls the model writes come back as ``tool_calls`` (serve/tool_calls.py). ``response_format``
+``json_object`` and ``json_schema`` decode the reply under the schema's grammar
+(decode/grammar.py): it is compact JSON that follows the schema, unless the token cap cuts it
+(finish_reason "length"). Extensions of llama.cpp's servers are taken too: ``top_k``, ``min_p``.
 
 Decoding: ``temperature`` 0 (the server's default when a request sets none, ``--temperature``)
 is greedy and speculative; above 0 the request is sampled, also speculatively, by draws keyed by
@@ -16,6 +18,7 @@ the context; a completion stops at 16 tokens, OpenAI's default.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -53,6 +56,19 @@ def bad(param: str, message: str, code: str | None = None) -> APIError:
 
 
 @dataclass(frozen=True)
+class ResponseFormat:
+    """What a reply must be: ``text`` (anything), or JSON (``json_object``: any object;
+    ``json_schema``: one following ``schema``), decoded under its grammar."""
+
+    type: str = "text"
+    schema: dict | None = None
+
+    @property
+    def json(self) -> bool:
+        return self.type != "text"
+
+
+@dataclass(frozen=True)
 class CompletionRequest:
     chat: bool  # /v1/chat/completions (messages) or /v1/completions (prompt)
     messages: list[dict] | None
@@ -64,6 +80,7 @@ class CompletionRequest:
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage
     tools: ToolRequest = ToolRequest()  # the functions the model may call, and the choice
     parallel_tool_calls: bool = True  # false: at most one call a reply
+    response_format: ResponseFormat = ResponseFormat()  # text, or JSON under a grammar
 
 
 # --- reading a request ----------------------------------------------------------------------------
@@ -121,11 +138,14 @@ def parse(raw: bytes, chat: bool, default_temperature: float = 0.0) -> Completio
     if chat:
         _neutral(body, "logprobs", (False,), "no log probabilities")
         _neutral(body, "top_logprobs", (0,), "no log probabilities")
-        _neutral(body, "response_format", ({"type": "text"},), "text replies only")
+        response_format = _response_format(body.get("response_format"))
         try:
             tools = read_tools(body.get("tools"), body.get("tool_choice"))
         except ToolError as e:
             raise bad(e.param, str(e)) from None
+        if response_format.json and tools.on:
+            raise bad("response_format", "response_format JSON with tools is not supported: a reply is either "
+                                         "tool calls or JSON (use tool_choice none, or no response_format)")
         if body.get("parallel_tool_calls") is not None and not isinstance(body["parallel_tool_calls"], bool):
             raise bad("parallel_tool_calls", "parallel_tool_calls must be true or false")
         _neutral(body, "store", (False,), "nothing is stored")
@@ -143,7 +163,7 @@ def parse(raw: bytes, chat: bool, default_temperature: float = 0.0) -> Completio
         _neutral(body, "echo", (False,), "the reply alone is returned")
         _neutral(body, "suffix", ("",), "no insertion")
         _neutral(body, "best_of", (1,), "one candidate per request")
-        messages, tools = None, ToolRequest()
+        messages, tools, response_format = None, ToolRequest(), ResponseFormat()
         prompt = _prompt(body.get("prompt"))
         max_tokens = _reply_cap(body, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
     stream = body.get("stream")
@@ -151,7 +171,47 @@ def parse(raw: bytes, chat: bool, default_temperature: float = 0.0) -> Completio
         raise bad("stream", "stream must be true or false")
     return CompletionRequest(chat, messages, prompt, max_tokens, _stops(body.get("stop")),
                              _sampling(body, default_temperature), bool(stream), _include_usage(body), tools,
-                             body.get("parallel_tool_calls") is not False)
+                             body.get("parallel_tool_calls") is not False, response_format)
+
+
+_SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def _response_format(v) -> ResponseFormat:
+    """OpenAI's ``response_format``: {"type": "text"}, {"type": "json_object"} (with llama.cpp's
+    extension, a ``schema`` beside it) or {"type": "json_schema", "json_schema": {"name",
+    "schema", "strict", "description"}}. A schema is compiled later, on the model's vocabulary
+    (a schema the grammar engine refuses is a 400 then)."""
+    if v is None:
+        return ResponseFormat()
+    where = "response_format"
+    if not isinstance(v, dict) or v.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad(where, 'response_format must be {"type": "text"}, {"type": "json_object"} or '
+                         '{"type": "json_schema", "json_schema": {...}}')
+    kind = v["type"]
+    allowed = {"text": {"type"}, "json_object": {"type", "schema"}, "json_schema": {"type", "json_schema"}}[kind]
+    if extra := sorted(set(v) - allowed):
+        raise bad(where, f"response_format of type {kind} has no field {extra[0]}")
+    if kind == "text":
+        return ResponseFormat()
+    if kind == "json_object":
+        schema = v.get("schema")
+    else:
+        spec = v.get("json_schema")
+        if not isinstance(spec, dict):
+            raise bad(where, "response_format.json_schema must be an object with a name and a schema")
+        if extra := sorted(set(spec) - {"name", "schema", "strict", "description"}):
+            raise bad(where, f"response_format.json_schema has no field {extra[0]}")
+        if not isinstance(spec.get("name"), str) or not _SCHEMA_NAME.fullmatch(spec["name"]):
+            raise bad(where, "response_format.json_schema.name must be 1-64 letters, digits, _ or -")
+        if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+            raise bad(where, "response_format.json_schema.strict must be true or false")
+        if spec.get("description") is not None and not isinstance(spec["description"], str):
+            raise bad(where, "response_format.json_schema.description must be text")
+        schema = spec.get("schema")
+    if schema is not None and not isinstance(schema, dict):
+        raise bad(where, "the response_format's schema must be a JSON object")
+    return ResponseFormat(kind, schema)
 
 
 def _prompt(v) -> str | list[int]:

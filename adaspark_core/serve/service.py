@@ -15,6 +15,7 @@ from adaspark_core.base.errors import OutputError
 from adaspark_core.base.sampling import Sampling
 from adaspark_core.decode.batch import Batch
 from adaspark_core.decode.generation import Generation, Stats
+from adaspark_core.decode.grammar import Grammar
 from adaspark_core.decode.round import INTERRUPTED, STOP
 from adaspark_core.decode.runtime import Runtime
 
@@ -84,12 +85,12 @@ def serve_request(rt: Runtime, prompt: list[int], max_tokens: int, name: str, *,
                   stops: Iterable[str] = (), sampling: Sampling | None = None,
                   on_text: Callable[[str], None] | None = None,
                   cancelled: Callable[[], bool] | None = None,
-                  on_warning: Callable[[str], None] | None = None) -> Reply:
+                  on_warning: Callable[[str], None] | None = None, grammar: Grammar | None = None) -> Reply:
     """Decode one request (InputError before the first round if it cannot be served). Text goes
     to ``on_text`` as it is settled; ``cancelled()`` is asked after every round and ends the reply
     with finish ``interrupted``. The learned state is saved when the reply ends, however it ends
     (a store that cannot be written goes to ``on_warning`` and the learning stays in memory)."""
-    gen = rt.generation(prompt, max_tokens, request_id=name, sampling=sampling)
+    gen = rt.generation(prompt, max_tokens, request_id=name, sampling=sampling, grammar=grammar)
     scan = StopStrings(stops)
 
     def settled(text: str) -> None:
@@ -170,14 +171,15 @@ class BatchServer:
 
     def admit(self, prompt: list[int], max_tokens: int, name: str, *, stops: Iterable[str] = (),
               sampling: Sampling | None = None, on_text: Callable[[str], None] | None = None,
-              cancelled: Callable[[], bool] | None = None) -> None:
+              cancelled: Callable[[], bool] | None = None, grammar: Grammar | None = None) -> None:
         """Start a request in a free slot (its prompt goes in with the next steps); InputError if
         it cannot be served, the slot given back. A running request whose round cannot be logged
         meanwhile (Batch.learn_previous_rounds) fails, answered by the next ``step``."""
         self.batch.learn_previous_rounds()  # before the request's learners are chosen (Batch.learn_previous_rounds)
         slot = self.free.pop()
         try:
-            gen = self.rt.generation(prompt, max_tokens, request_id=name, sampling=sampling, target=slot)
+            gen = self.rt.generation(prompt, max_tokens, request_id=name, sampling=sampling, target=slot,
+                                     grammar=grammar)
             self.batch.add(gen)
         except BaseException:
             self.free.append(slot)

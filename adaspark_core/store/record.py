@@ -28,10 +28,10 @@ from adaspark_core.base.errors import InputError, OutputError
 from adaspark_core.base.files import open_log, open_regular
 from adaspark_core.base.sampling import SEED_RANGE
 from adaspark_core.base.schema import apply_upgrades
-from adaspark_core.base.tree import ANCHOR, NGRAM, PICK, SIBLING, Candidate
+from adaspark_core.base.tree import ANCHOR, FORCED, NGRAM, PICK, SIBLING, Candidate
 from adaspark_core.candidates.ngram import COPY, COPY_ALT, COPY_START, FOLLOW, FOLLOW_ALT, MEMORY
 
-SCHEMA = 7
+SCHEMA = 8
 
 # Append-only: UPGRADES[i] maps a dict of schema i+1 to schema i+2. Never edit an entry.
 UPGRADES: list[Callable[[dict], dict]] = [
@@ -48,6 +48,8 @@ UPGRADES: list[Callable[[dict], dict]] = [
     lambda d: {**d, "step": None},
     # 6 -> 7: a draft model's rounds log its forwards (the depth learner's, learn/depth.py).
     lambda d: {**d, "drafting": None},
+    # 7 -> 8: a request decoded under a grammar (decode/grammar.py) marks its rounds ``constrained``.
+    lambda d: {**d, "constrained": False},
 ]
 
 
@@ -156,6 +158,9 @@ class RoundRecord:
     # A draft model's draft this round (drafters.ModelDrafter, learn/depth.py); None: no draft
     # model drafts position by position in this round.
     drafting: Drafting | None = None
+    # The request decodes under a grammar (decode/grammar.py): its argmax are over the tokens the
+    # grammar allows, and its candidates may lead with FORCED ones, the only token allowed there.
+    constrained: bool = False
     schema: int = field(default=SCHEMA)
 
     @property
@@ -199,7 +204,7 @@ class RoundRecord:
 # A line's fields, in the order they are written: the record's, its decision's four in their place.
 LINE_FIELDS = ["request", "round", "context", "arm", "anchor", "candidates", "order", "offered", "prices", "width",
                "rows", "argmax", "path", "bonus", "emitted", "times", "measure", "p_src", "priced", "explored",
-               "first", "last", "finish", "sampling", "step", "drafting", "schema"]
+               "first", "last", "finish", "sampling", "step", "drafting", "constrained", "schema"]
 _DECISION_FIELDS = ("width", "offered", "prices", "measure")
 assert set(LINE_FIELDS) == {f.name for f in fields(RoundRecord)} - {"decision"} | set(_DECISION_FIELDS)
 _TIMING_FIELDS = [f.name for f in fields(Timing)]
@@ -417,7 +422,7 @@ _KINDS = (COPY, COPY_START, COPY_ALT, FOLLOW, FOLLOW_ALT, MEMORY)
 # the siblings' mass, which rounding can put past 1 (drafters.block): only h and sigma are
 # probabilities.
 _CANDIDATE = {
-    "token": _TOKEN, "parent": _int(ANCHOR), "source": _text((PICK, SIBLING, NGRAM)), "depth": _int(1),
+    "token": _TOKEN, "parent": _int(ANCHOR), "source": _text((PICK, SIBLING, NGRAM, FORCED)), "depth": _int(1),
     "q": _num(), "h": _num(null=True), "share": _num(0.0, None, null=True), "sigma": _num(null=True),
     "kind": _text(_KINDS, null=True), "evidence": _int(0), "above": _int(0), "bucket": _text(null=True),
     "agreed": _FLAG, "contradicted": _FLAG,
@@ -445,7 +450,7 @@ _RECORD = _Object({
     # learn/acceptance.py's FITTED and HEAD (a layer above this one)
     "priced": _text(("fitted", "head"), null=True), "explored": _FLAG, "first": _FLAG, "last": _FLAG,
     "finish": _text(null=True), "sampling": _SAMPLING, "step": _STEP, "drafting": _DRAFTING,
-    "schema": _int(SCHEMA, SCHEMA),
+    "constrained": _FLAG, "schema": _int(SCHEMA, SCHEMA),
 })
 assert set(_RECORD.known) == set(LINE_FIELDS) and set(_TIMES.known) == set(_TIMING_FIELDS)
 assert {**_STEP.known, **_STEP.optional}.keys() == {f.name for f in fields(Step)}
@@ -472,6 +477,8 @@ def check(d: dict) -> None:
     n = len(cands)
     if n:
         parents, tokens = _check_candidates(cands)
+        if not d["constrained"] and FORCED in map(itemgetter("source"), cands):
+            raise _Bad("a candidate is forced in a round decoded under no grammar")
         if len(order) != n or set(order) != set(range(n)):
             raise _Bad(f"order is not every candidate once (the round has {n})")
         rank = [0] * (n + 1)  # the anchor (-1) ranks first

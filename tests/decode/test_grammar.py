@@ -1,0 +1,146 @@
+"""Decoding under a grammar (decode/grammar.py) on the simulated model, whose tokens are bytes:
+candidates the grammar forbids are cut, the tokens it alone allows lead the round as certain
+FORCED candidates, every arm emits what plain decoding under the grammar emits, greedy and
+sampled, and a constrained log replays exactly."""
+
+import json
+
+import jsonschema
+import pytest
+from conftest import SIM
+
+from adaspark_core.base.errors import InputError
+from adaspark_core.base.sampling import Sampling
+from adaspark_core.base.tree import ANCHOR, FORCED, NGRAM, Candidate
+from adaspark_core.decode.arms import parse_arm
+from adaspark_core.decode.generation import run
+from adaspark_core.decode.grammar import Grammar
+from adaspark_core.engine.simlm import EOG, SimModel
+from adaspark_core.evaluate.replay import replay
+from adaspark_core.learn.learned import Learners
+from adaspark_core.store.record import RoundLog, RoundRecord, read_log
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "tags", "size", "ok"],
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "tags": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 6}},
+                         "size": {"type": "integer", "minimum": 0, "maximum": 999},
+                         "ok": {"type": "boolean"}}}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return SimModel(SIM)
+
+
+def _bytes(model, text: str) -> list[int]:
+    return model.tokenize(text)
+
+
+def _text(model, tokens: list[int]) -> str:
+    return b"".join(map(model.piece, tokens)).decode()
+
+
+def test_a_schema_the_grammar_engine_refuses_is_one_input_error(model):
+    with pytest.raises(InputError, match="cannot be compiled"):
+        Grammar.for_schema(model, {"type": "object", "properties": {"a": {"type": "no-such-type"}}})
+    with pytest.raises(InputError, match="no-such-format"):
+        Grammar.for_schema(model, {"type": "string", "format": "no-such-format"})
+
+
+def test_the_forced_run_is_every_token_the_grammar_alone_allows(model):
+    g = Grammar.for_schema(model, SCHEMA)
+    # the first key is required and the only one first: the structure up to its string value is known
+    assert _text(model, g.forced_run(100)) == '{"name":"'
+    assert _text(model, g.forced_run(3)) == '{"n'
+    g.commit(_bytes(model, '{"name":"ab"'))  # (the matcher was left where it was)
+    assert _text(model, g.forced_run(100)) == ',"tags":['
+
+
+def test_fit_cuts_what_the_grammar_forbids_and_leads_with_the_forced_run(model):
+    g = Grammar.for_schema(model, SCHEMA)
+    g.commit(_bytes(model, '{"name":"ab'))
+
+    def chain(text, parent=ANCHOR, depth0=0, at=0):
+        out = []
+        for i, t in enumerate(_bytes(model, text)):
+            out.append(Candidate(t, parent if i == 0 else at + i - 1, NGRAM, depth0 + i + 1, bucket="copy/1/0"))
+        return out
+
+    cands = chain('c","tags"')  # allowed all the way
+    cands += chain("\n") + chain('"')  # a raw newline in a string is not JSON; a quote ends the string
+    cands += [Candidate(_bytes(model, "x")[0], 0, NGRAM, 2, bucket="copy/1/0")]  # 'c' then 'x': allowed
+    cands += [Candidate(_bytes(model, ":")[0], 3, NGRAM, 4, bucket="copy/1/0")]  # 'c",' then ':': forbidden
+    fitted = g.fit(cands, 20)
+    kept = sorted(_text(model, [c.token for c in _path(fitted, j)]) for j in range(len(fitted)))
+    assert kept == ['"', "c", 'c"', 'c",', 'c","', 'c","t', 'c","ta', 'c","tag', 'c","tags', 'c","tags"', "cx"]
+    assert all(c.source == NGRAM for c in fitted)  # two tokens may come next: no forced run
+    # where one token may come next, the run leads and a proposal on it stands below it
+    g.commit(_bytes(model, 'c"'))
+    fitted = g.fit(chain(',"tags":["q', ANCHOR), 30)
+    assert [c.source for c in fitted[:9]] == [FORCED] * 9
+    assert _text(model, [c.token for c in fitted[:9]]) == ',"tags":['
+    assert [(c.parent, c.depth, _text(model, [c.token])) for c in fitted[9:]] == [(8, 10, '"'), (9, 11, "q")]
+
+
+def _path(cands, j):
+    out = []
+    while j != ANCHOR:
+        out.append(cands[j])
+        j = cands[j].parent
+    return out[::-1]
+
+
+def test_an_end_token_is_a_candidate_only_where_the_grammar_accepts(model):
+    g = Grammar.for_schema(model, {"type": "object", "properties": {}, "additionalProperties": False})
+    fitted = g.fit([Candidate(EOG, ANCHOR, NGRAM, 1, bucket="copy/1/0")], 5)  # not yet: cut
+    assert [(c.token, c.source) for c in fitted] == [(t, FORCED) for t in _bytes(model, "{}") + [EOG]]
+    g.commit(_bytes(model, "{}"))
+    assert [(c.token, c.source) for c in g.fit([], 5)] == [(EOG, FORCED)]  # nothing but the end may follow
+    end = Candidate(EOG, ANCHOR, NGRAM, 1, bucket="copy/1/0")
+    assert g.fit([end], 0) == [end]  # (no run at depth limit 0) where the grammar accepts, it stays
+    g.commit([EOG])  # an end token is not the grammar's: committing it changes nothing
+
+
+@pytest.mark.parametrize("arm", ["chain:3", "tree:16", "adaspark"])
+def test_every_arm_emits_what_plain_decoding_under_the_grammar_emits(model, arm):
+    prompt = model.tokenize("<user>Describe the sea as JSON.\n<assistant>")
+    plain = run(model.target(), prompt, parse_arm("ar"), 200, grammar=Grammar.for_schema(model, SCHEMA))
+    spec = run(model.target(), prompt, parse_arm(arm), 200, grammar=Grammar.for_schema(model, SCHEMA))
+    assert spec.tokens == plain.tokens and plain.finish == "stop" and spec.stats.rounds < plain.stats.rounds
+    jsonschema.validate(json.loads(_text(model, plain.tokens)), SCHEMA)
+
+
+def test_sampled_under_a_grammar_speculation_changes_nothing(model):
+    prompt = model.tokenize("<user>Describe the sea as JSON.\n<assistant>")
+    texts = []
+    for arm in ("ar", "chain:3", "adaspark"):
+        gen = run(model.target(), prompt, parse_arm(arm), 200, sampling=Sampling(0.9, seed=4),
+                  grammar=Grammar.for_schema(model, SCHEMA))
+        texts.append(_text(model, gen.tokens))
+    assert texts[0] == texts[1] == texts[2]
+    jsonschema.validate(json.loads(texts[0]), SCHEMA)
+
+
+def test_a_constrained_log_checks_and_replays_exactly(model, tmp_path):
+    prompt = model.tokenize("<user>Describe the sea as JSON.\n<assistant>")
+    live = Learners()
+    with RoundLog(tmp_path / "r.jsonl") as log:
+        for i in range(3):
+            run(model.target(), prompt, parse_arm("adaspark"), 200, request_id=f"q{i}", log=log, learners=live,
+                grammar=Grammar.for_schema(model, SCHEMA))
+        run(model.target(), prompt, parse_arm("adaspark"), 60, request_id="free", log=log, learners=live)
+    records = list(read_log(tmp_path / "r.jsonl"))
+    constrained = [r for r in records if r.constrained]
+    assert {r.request for r in constrained} == {"q0", "q1", "q2"}
+    forced = [(r, j) for r in constrained for j, c in enumerate(r.candidates) if c["source"] == FORCED]
+    assert forced and all(r.candidates[j]["q"] == 1.0 for r, j in forced)
+    on_path = [(r, j) for r, j in forced if j in r.rows]
+    assert on_path and all(j in r.path for r, j in on_path)  # a verified forced candidate is accepted
+    replayed, _ = replay(records)
+    assert replayed.state() == live.state()
+    assert any(k.startswith("grammar:") for k in live.state()["acceptance"]["buckets"]["z"])  # the class learned
+    # a record holding a forced candidate in a round under no grammar is refused
+    r, j = forced[0]
+    line = {**r.to_json(), "constrained": False}
+    with pytest.raises(ValueError, match="forced"):
+        RoundRecord.from_json(line)
