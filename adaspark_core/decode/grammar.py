@@ -14,8 +14,8 @@ uses the grammar three ways (``Grammar.fit``, ``GrammarRows``):
   known without the model: the round leads with the run of such tokens as FORCED candidates,
   certain (q = 1), which the verify takes as rows of the tree (their KV is filled there; no round
   is spent on them) and the accept walk always accepts;
-- the verify's tokens are read lazily along the accept walk, each row's mask computed only where
-  the raw argmax is not allowed (a greedy row) or always (a sampled row).
+- the verify's tokens are read lazily along the accept walk, a mask computed for each row it
+  reads; a greedy row keeps the raw argmax where the mask allows it (no logits read).
 
 Replies are compact JSON (no whitespace between tokens of the structure): fewer tokens, and more of
 them forced.
@@ -72,7 +72,10 @@ class Grammar:
     # --- what may come next --------------------------------------------------------------------
 
     def allows(self, token: int) -> bool:
-        """Whether ``token`` may come next (no mask needed: 0.4 us)."""
+        """Whether the grammar takes ``token`` next (no mask needed: 0.4 us). The mask may be
+        stricter: it leaves out a token that would split text the canonical way's tokens would
+        not (``,`` where ``,"`` starts the next key), so a candidate this lets through may still
+        not be the target's token; the rows' tokens are chosen under the mask."""
         if self.matcher.is_stopped():
             return token in self.ends
         return self.matcher.validate_tokens([token]) == 1
@@ -167,8 +170,8 @@ class GrammarRows:
     """A verify's token per row under the grammar, read when the accept walk first reads it: the
     walk reads a row after its parent's, so the matcher steps along one path (rolled back at
     ``release``). ``raw``: the target's unconstrained argmax per row (greedy), kept where the
-    grammar allows it (the argmax over the allowed tokens then); otherwise, and for every row of
-    a sampled verify (``raw`` None), ``pick(row, allowed)`` chooses under the row's mask."""
+    row's mask allows it (it is the argmax over the allowed tokens then); otherwise, and for every
+    row of a sampled verify (``raw`` None), ``pick(row, allowed)`` chooses under the mask."""
 
     def __init__(self, grammar: Grammar, lay: Layout, pick: Callable[[int, np.ndarray], int], raw: list[int] | None):
         self.grammar, self.lay, self.pick, self.raw = grammar, lay, pick, raw
@@ -178,13 +181,12 @@ class GrammarRows:
     def __getitem__(self, row: int) -> int:
         t = self._got.get(row)
         if t is None:
-            g, raw = self.grammar, None if self.raw is None else self.raw[row]
+            raw = None if self.raw is None else self.raw[row]
             if not self._step_to(row):  # below an end token: never emitted (stop_cut)
                 t = raw if raw is not None else -1
-            elif raw is not None and g.allows(raw):
-                t = raw
             else:
-                t = self.pick(row, g.allowed())
+                allowed = self.grammar.allowed()
+                t = raw if raw is not None and allowed[raw] else self.pick(row, allowed)
             self._got[row] = t
         return t
 

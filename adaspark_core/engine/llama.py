@@ -12,6 +12,7 @@ import ctypes
 import json
 import os
 import re
+import warnings
 
 import llama_cpp as L
 import llguidance
@@ -213,7 +214,9 @@ class LlamaModel:
         turn with their own (``<|im_end|>``)."""
         if self._grammar_tokenizer is None:
             ends = [t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t)]
-            self._grammar_tokenizer = llguidance.llamacpp.lltokenizer_from_vocab(self.vocab, self.n_vocab, ends)
+            with warnings.catch_warnings():  # it reads each token's attributes by a name llama.cpp deprecated
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._grammar_tokenizer = llguidance.llamacpp.lltokenizer_from_vocab(self.vocab, self.n_vocab, ends)
         return self._grammar_tokenizer
 
     def piece_special(self, token: int) -> bytes:
