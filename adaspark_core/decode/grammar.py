@@ -115,11 +115,16 @@ class Grammar:
         return run
 
     def fit(self, cands: list[Candidate], depth_limit: int) -> list[Candidate]:
-        """The round's candidates under the grammar: the forced run first, a chain of FORCED
-        candidates, then every proposed candidate the grammar allows after its path, re-parented
-        below the run (one that stands on the run's depths is the run's own token: dropped). A
-        forbidden candidate goes with its subtree. Parents stay before their children."""
-        kept = self._allowed_subtrees(cands)
+        """The round's candidates under the grammar, none deeper than ``depth_limit``, parents
+        before their children:
+
+        - the forced run from the anchor, a chain of FORCED candidates;
+        - every proposed candidate the grammar allows after its path, re-parented below the run
+          (one that stands on the run's depths is the run's own token: dropped); a forbidden
+          one goes with its subtree;
+        - below each proposed leaf, the forced run from there (a copied value's closing quote
+          is followed by the next key: ``","city":"``), FORCED candidates again."""
+        kept, tails = self._allowed_subtrees(cands, depth_limit)
         run = self.forced_run(depth_limit)
         out = [Candidate(token=t, parent=d - 1 if d else ANCHOR, source=FORCED, depth=d + 1) for d, t in enumerate(run)]
         index: dict[int, int] = {}  # proposed index -> index in ``out``
@@ -132,28 +137,41 @@ class Grammar:
                 c.parent = index[c.parent]
             index[j] = len(out)
             out.append(c)
+        for j, tail in tails.items():
+            if cands[j].depth > len(run):  # (a leaf on the run's depths: the run went on from there)
+                at = index[j]
+                for t in tail:
+                    out.append(Candidate(token=t, parent=at, source=FORCED, depth=out[at].depth + 1))
+                    at = len(out) - 1
         return out
 
-    def _allowed_subtrees(self, cands: list[Candidate]) -> list[int]:
-        """The indices, in order, of the candidates the grammar allows after their whole path."""
+    def _allowed_subtrees(self, cands: list[Candidate], depth_limit: int) -> tuple[list[int], dict[int, list[int]]]:
+        """The indices, in order, of the candidates the grammar allows after their whole path, and
+        the forced run below each such leaf (end tokens aside) that has one."""
         kids: dict[int, list[int]] = {}
         for j, c in enumerate(cands):
             kids.setdefault(c.parent, []).append(j)
         kept: list[int] = []
+        tails: dict[int, list[int]] = {}
 
         def visit(parent: int) -> None:  # the matcher stands after ``parent``'s path
+            leaf = parent != ANCHOR
             for j in kids.get(parent, ()):
                 t = cands[j].token
                 if t in self.ends:  # a leaf (tree.cut_below_ends), kept where the grammar accepts
                     if self.allows(t):
                         kept.append(j)
+                        leaf = False
                 elif self.matcher.try_consume_tokens([t]) == 1:
                     kept.append(j)
+                    leaf = False
                     visit(j)
                     self.matcher.rollback(1)
+            if leaf and (tail := self.forced_run(depth_limit - cands[parent].depth)):
+                tails[parent] = tail
 
         visit(ANCHOR)
-        return sorted(kept)
+        return sorted(kept), tails
 
     def rows(self, lay: Layout, pick: Callable[[int, np.ndarray], int], raw: list[int] | None) -> "GrammarRows":
         """The verify's token per row under the grammar, for the accept walk (``GrammarRows``)."""

@@ -218,12 +218,16 @@ class Decoder:
         """The request's prompt tokens, token budget and reply grammar (``response_format``), or
         the APIError that refuses it."""
         rt, req = self.rt, job.req
+        schema, param = (req.response_format.schema, "response_format") if req.response_format.json else (None, None)
         if req.chat:
             try:
-                tools, reply_start, job.tool_reply = prepare(req.tools, rt.model, req.parallel_tool_calls)
+                plan = prepare(req.tools, rt.model, req.parallel_tool_calls)
             except ToolError as e:
                 raise api.bad(e.param, str(e)) from None
-            prompt = rt.chat(req.messages, tools, reply_start)
+            job.tool_reply = plan.reply
+            if plan.call_schema is not None:  # a required call: its grammar
+                schema, param = plan.call_schema, "tools"
+            prompt = rt.chat(req.messages, plan.tools, plan.reply_start)
         else:
             prompt = list(req.prompt) if isinstance(req.prompt, list) else rt.tokens(req.prompt)
         n_ctx = rt.target.n_ctx
@@ -234,11 +238,11 @@ class Decoder:
         if not req.chat and isinstance(req.prompt, list) and max(prompt) >= rt.target.n_vocab:
             raise api.bad("prompt", f"token id {max(prompt)} is outside the vocabulary ({rt.target.n_vocab})")
         grammar = None
-        if req.response_format.json:
+        if param is not None:
             try:
-                grammar = rt.json_grammar(req.response_format.schema)
+                grammar = rt.json_grammar(schema)
             except InputError as e:
-                raise api.bad("response_format", str(e)) from None
+                raise api.bad(param, str(e)) from None
         return prompt, req.max_tokens or n_ctx, grammar
 
     def _decode(self, job: Job) -> Reply:

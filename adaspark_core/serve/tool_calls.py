@@ -10,8 +10,12 @@ the template (``format_of``), as llama-server's ``--jinja`` tells it:
   perhaps after ``<|python_tag|>``.
 
 ``tool_choice`` ``required`` or a named function starts the assistant's reply with the format's
-opening (and the name): the model writes the rest of the call. Pure functions: the model's template
-is rendered by the engine, the HTTP layer streams what ``ToolStream`` lets out.
+opening, and the rest of the reply is decoded under the grammar of one call (``call_schema``: the
+call object of one of the functions offered, or of the one named, its arguments following the
+function's parameters), so even a small model writes a call that parses and follows its schema; the
+closing markup is the server's (``ToolReply.suffix``). Pure functions: the model's template is
+rendered by the engine, the grammar compiled by decode/grammar.py, and the HTTP layer streams what
+``ToolStream`` lets out.
 """
 
 from __future__ import annotations
@@ -54,12 +58,23 @@ class ToolFormat:
     starts: tuple[str, ...]
     args_key: str  # the call object's arguments field
 
-    def prefix(self, function: str | None) -> str:
-        """What the reply starts with when a call is required (``function``: that one)."""
-        start = {"hermes": "<tool_call>\n", "mistral": "[TOOL_CALLS][", "llama3": ""}[self.name]
-        if function is None:
-            return start + ('{"name": "' if self.name == "llama3" else "")
-        return start + '{"name": ' + json.dumps(function) + f', "{self.args_key}": '
+    @property
+    def opening(self) -> str:
+        """The markup before a call's object (a required call's reply starts with it)."""
+        return {"hermes": "<tool_call>\n", "mistral": "[TOOL_CALLS][", "llama3": ""}[self.name]
+
+    @property
+    def closing(self) -> str:
+        """The markup after a lone call's object."""
+        return {"hermes": "\n</tool_call>", "mistral": "]", "llama3": ""}[self.name]
+
+    def call_schema(self, functions: list[dict]) -> dict:
+        """The JSON schema of one call object of these functions (OpenAI's ``function`` dicts):
+        the name one of theirs, the arguments that function's parameters."""
+        calls = [{"type": "object", "additionalProperties": False, "required": ["name", self.args_key],
+                  "properties": {"name": {"const": f["name"]}, self.args_key: f.get("parameters") or {"type": "object"}}}
+                 for f in functions]
+        return calls[0] if len(calls) == 1 else {"anyOf": calls}
 
     def call_start(self, text: str, begin: int = 0, partial: bool = False) -> int:
         """Where the first call of ``text`` (from ``begin``) starts, or -1. ``partial``: also where
@@ -211,30 +226,42 @@ def read_tools(tools, tool_choice) -> ToolRequest:
 @dataclass(frozen=True)
 class ToolReply:
     """How one reply's calls are read back: the model's format, what the reply was started with
-    (a required call's opening, part of the call's text), and whether it may hold several calls."""
+    (a required call's opening, part of the call's text) and what closes it (a required call's
+    closing, which its grammar leaves to the server), and whether it may hold several calls."""
 
     fmt: ToolFormat
     prefix: str = ""
     parallel: bool = True
+    suffix: str = ""
 
     def split(self, text: str) -> tuple[str, list[dict]]:
         """(content, calls) of the whole reply (``split_reply``); one call at most unless parallel."""
-        content, calls = split_reply(self.prefix + text, self.fmt)
+        content, calls = split_reply(self.prefix + text + self.suffix, self.fmt)
         if not calls:
             return self.prefix + text, []
         return content, calls if self.parallel else calls[:1]
 
     def stream(self) -> "ToolStream":
-        return ToolStream(self.fmt, self.prefix, self.parallel)
+        return ToolStream(self.fmt, self.prefix, self.parallel, self.suffix)
 
 
-def prepare(request: ToolRequest, model, parallel: bool = True) -> tuple[list[dict] | None, str, ToolReply | None]:
-    """What a chat request's tools make of its prompt and reply on ``model`` (its chat template):
-    the tools the template shows, the text the reply starts with, and how its calls are read
-    back (None: the reply is text). ToolError if the template shows no tools or calls them in a
-    format this server does not read."""
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a chat request's tools make of its prompt and reply: the tools the template shows, the
+    text the reply starts with, how its calls are read back (None: the reply is text) and the
+    schema of the one call the reply must be (None: the model chooses, ``auto``)."""
+
+    tools: list[dict] | None = None
+    reply_start: str = ""
+    reply: ToolReply | None = None
+    call_schema: dict | None = None
+
+
+def prepare(request: ToolRequest, model, parallel: bool = True) -> ToolPlan:
+    """The ``ToolPlan`` of a chat request's tools on ``model`` (its chat template). ToolError if
+    the template shows no tools or calls them in a format this server does not read."""
     if not request.on:
-        return None, "", None
+        return ToolPlan()
     name = getattr(model, "path", None)
     name = getattr(name, "name", "the model")
     if not model.takes_tools():
@@ -243,8 +270,11 @@ def prepare(request: ToolRequest, model, parallel: bool = True) -> tuple[list[di
     if fmt is None:
         raise ToolError("tools", f"the chat template of {name} calls tools in a format this server does not read "
                         f"(it reads {', '.join(FORMATS)})")
-    prefix = fmt.prefix(request.forced) if request.choice != AUTO else ""
-    return request.tools, prefix, ToolReply(fmt, prefix, parallel)
+    if request.choice == AUTO:
+        return ToolPlan(request.tools, "", ToolReply(fmt, "", parallel))
+    functions = [t["function"] for t in request.tools if request.forced in (None, t["function"]["name"])]
+    return ToolPlan(request.tools, fmt.opening, ToolReply(fmt, fmt.opening, parallel, fmt.closing),
+                    fmt.call_schema(functions))
 
 
 # --- the calls in a reply -----------------------------------------------------------------------
@@ -277,8 +307,8 @@ class ToolStream:
     can go out now (never the start of a call, nor what may still become one), ``finish`` the rest
     of the content and the calls, read as ``split_reply`` reads the whole reply."""
 
-    def __init__(self, fmt: ToolFormat, prefix: str = "", parallel: bool = True):
-        self.fmt, self.parallel = fmt, parallel
+    def __init__(self, fmt: ToolFormat, prefix: str = "", parallel: bool = True, suffix: str = ""):
+        self.fmt, self.parallel, self.suffix = fmt, parallel, suffix
         self.text = prefix  # the reply so far (with what a required call started it with)
         self.sent = 0  # characters of it already out as content
 
@@ -290,7 +320,7 @@ class ToolStream:
         return out
 
     def finish(self) -> tuple[str, list[dict]]:
-        content, calls = split_reply(self.text, self.fmt)
+        content, calls = split_reply(self.text + self.suffix, self.fmt)
         if not calls:
             return self.text[self.sent:], []
         return content[self.sent:], calls if self.parallel else calls[:1]

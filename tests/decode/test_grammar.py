@@ -71,9 +71,14 @@ def test_fit_cuts_what_the_grammar_forbids_and_leads_with_the_forced_run(model):
     cands += [Candidate(_bytes(model, "x")[0], 0, NGRAM, 2, bucket="copy/1/0")]  # 'c' then 'x': allowed
     cands += [Candidate(_bytes(model, ":")[0], 3, NGRAM, 4, bucket="copy/1/0")]  # 'c",' then ':': forbidden
     fitted = g.fit(cands, 20)
-    kept = sorted(_text(model, [c.token for c in _path(fitted, j)]) for j in range(len(fitted)))
-    assert kept == ['"', "c", 'c"', 'c",', 'c","', 'c","t', 'c","ta', 'c","tag', 'c","tags', 'c","tags"', "cx"]
-    assert all(c.source == NGRAM for c in fitted)  # two tokens may come next: no forced run
+    proposed = sorted(_text(model, [c.token for c in _path(fitted, j)]) for j, c in enumerate(fitted)
+                      if c.source == NGRAM)
+    assert proposed == ['"', "c", 'c"', 'c",', 'c","', 'c","t', 'c","ta', 'c","tag', 'c","tags', 'c","tags"', "cx"]
+    # below a leaf, the run the grammar forces from there; none at the anchor (several tokens may come)
+    tails = {_text(model, [c.token for c in _path(fitted, j)]) for j, c in enumerate(fitted)
+             if c.source == FORCED and not any(d.parent == j for d in fitted)}
+    assert tails == {'","tags":[', 'c","tags":['} and fitted[0].source == NGRAM
+    assert max(c.depth for c in g.fit(chain('"'), 4)) == 4  # the tail stops at the depth limit
     # where one token may come next, the run leads and a proposal on it stands below it
     g.commit(_bytes(model, 'c"'))
     fitted = g.fit(chain(',"tags":["q', ANCHOR), 30)

@@ -13,7 +13,8 @@ TEMPLATE = Path(__file__).resolve().parents[2] / "fixtures" / "templates" / "cha
 SIM = "sim:cpu-smollm2-q4_0"
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                   "additionalProperties": False}}}  # (OpenAI's strict functions have it; JSON Schema allows more keys without)
 
 
 def _called(city: str, i: int) -> list[dict]:
@@ -66,6 +67,23 @@ def test_a_required_call_comes_back_as_tool_calls_plain_and_streamed(served, cho
     content, calls, finish = _streamed(client, messages=MESSAGES, tools=[WEATHER], tool_choice=choice, max_tokens=40)
     assert (content, finish) == ("", "tool_calls")
     assert [(i, name, json.loads(args)) for i, _, name, args in calls] == [(0, "get_weather", {"city": "Rome"})]
+
+
+@pytest.mark.model
+def test_a_required_call_follows_its_schema_even_with_nothing_to_copy(served):
+    """Asked once, with no earlier call to copy, the small model still writes a call that parses
+    and follows one of the functions' parameters: the call is decoded under its grammar."""
+    clock = {"type": "function", "function": {"name": "set_alarm", "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["hour", "label"],
+        "properties": {"hour": {"type": "integer", "minimum": 0, "maximum": 23},
+                       "label": {"type": "string", "maxLength": 20}}}}}
+    whole = served.client().chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Wake me up at seven."}], tools=[WEATHER, clock],
+        tool_choice="required", max_tokens=60)
+    (call,) = whole.choices[0].message.tool_calls
+    args = json.loads(call.function.arguments)
+    schema = {"get_weather": WEATHER, "set_alarm": clock}[call.function.name]["function"]["parameters"]
+    assert set(args) == set(schema["required"]) and whole.choices[0].finish_reason == "tool_calls"
 
 
 @pytest.mark.model

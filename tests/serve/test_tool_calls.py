@@ -12,6 +12,7 @@ from adaspark_core.serve.tool_calls import (
     ToolStream,
     format_of,
     openai_calls,
+    prepare,
     read_tools,
     split_reply,
 )
@@ -92,13 +93,43 @@ def test_a_stream_lets_out_the_content_the_whole_reply_has_and_never_a_call(fmt,
         assert calls == split_reply(text, fmt)[1]
 
 
-def test_a_required_call_starts_the_reply_and_the_model_writes_the_rest():
-    prefix = HERMES.prefix("get_weather")
-    assert prefix == '<tool_call>\n{"name": "get_weather", "arguments": '
-    stream = ToolStream(HERMES, prefix)
-    assert stream.feed('{"city": "Paris"}}\n</tool_call>') == ""
-    assert stream.finish() == ("", [{"name": "get_weather", "arguments": {"city": "Paris"}}])
-    assert MISTRAL.prefix(None) == "[TOOL_CALLS][" and LLAMA3.prefix("f") == '{"name": "f", "parameters": '
+class _Model:
+    """What ``prepare`` asks of a model: its template (Hermes calls) and whether it takes tools."""
+
+    chat_template = "{{ '<tool_call>' }}"
+
+    def takes_tools(self):
+        return True
+
+
+def test_a_required_call_opens_the_reply_and_is_one_call_under_its_grammar():
+    other = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
+    plan = prepare(read_tools([WEATHER, other], REQUIRED), _Model())
+    assert plan.reply_start == "<tool_call>\n" and plan.reply.suffix == "\n</tool_call>"
+    assert [c["properties"]["name"] for c in plan.call_schema["anyOf"]] == [{"const": "get_weather"}, {"const": "get_time"}]
+    named = prepare(read_tools([WEATHER, other], {"type": "function", "function": {"name": "get_time"}}), _Model())
+    assert named.call_schema["properties"]["arguments"] == other["function"]["parameters"]
+    assert prepare(read_tools([WEATHER], AUTO), _Model()).call_schema is None  # auto: the model chooses
+    # the grammar takes a call of one of them and nothing else; the server closes it
+    from conftest import SIM
+
+    from adaspark_core.decode.grammar import Grammar
+    from adaspark_core.engine.simlm import SimModel
+
+    sim = SimModel(SIM)
+    for text, ok in [('{"name":"get_time","arguments":{"zone":"CET"}}', True),
+                     ('{"name":"get_time","arguments":{"zone":"PST"}}', False),
+                     ('{"name":"get_time","arguments":{}}', False), ('{"name":"get_date","arguments":{}}', False)]:
+        g = Grammar.for_schema(sim, plan.call_schema)
+        assert g.matcher.validate_tokens(sim.tokenize(text)) == len(text) if ok else g.matcher.validate_tokens(
+            sim.tokenize(text)) < len(text)
+    stream = plan.reply.stream()
+    assert stream.feed('{"name":"get_time","arguments":{"zone":"CET"}}') == ""
+    assert stream.finish() == ("", [{"name": "get_time", "arguments": {"zone": "CET"}}])
+    assert plan.reply.split('{"name":"get_time","arguments":{"zone":"CET"}}')[1] == stream.finish()[1]
+    assert MISTRAL.opening + MISTRAL.closing == "[TOOL_CALLS][]" and LLAMA3.call_schema(
+        [WEATHER["function"]])["required"] == ["name", "parameters"]
 
 
 def test_tools_and_the_choice_are_checked():
