@@ -6,6 +6,7 @@ code 2, a write that fails (a full disk) exit code 1."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -193,6 +194,34 @@ def chat_template(path: Optional[Path]) -> Optional[str]:
         return raw.decode()
     except UnicodeDecodeError:
         raise InputError(f"the chat template file {path} is not UTF-8 text") from None
+
+
+JSON_SCHEMA = typer.Option(None, "--json-schema",
+                           help="Reply with JSON following this JSON Schema (a file, or {} for any object).")
+MAX_SCHEMA_BYTES = 1 << 20
+
+
+def json_schema(spec: Optional[str]) -> tuple[bool, Optional[dict]]:
+    """--json-schema: (whether the reply is JSON, its schema: None for any object). ``{}`` (or
+    any JSON object given inline) is taken as the schema itself; else it names a file."""
+    if spec is None:
+        return False, None
+    if spec.lstrip().startswith("{"):
+        raw, what = spec.encode(), "--json-schema"
+    else:
+        try:
+            raw, what = read_regular(Path(spec), "the JSON schema file", MAX_SCHEMA_BYTES), f"the JSON schema file {spec}"
+        except FileNotFoundError:
+            fail(f"no JSON schema file {spec}")
+        except InputError as e:  # a folder, a device, too large: named by the reader
+            fail(str(e))
+    try:
+        schema = json.loads(raw)
+    except ValueError as e:
+        fail(f"{what} is not JSON: {e}")
+    if not isinstance(schema, dict):
+        fail(f"{what} is not a JSON object")
+    return True, (schema or None)
 
 
 LOG = typer.Option(None, "--log", help="Append one JSON line per round to this file (for adaspark replay).")

@@ -27,6 +27,7 @@ def decode(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (text and statistics) instead of streaming."),
     n_ctx: Optional[int] = console.N_CTX,
     chat_template_file: Optional[Path] = console.CHAT_TEMPLATE_FILE,
+    json_schema: Optional[str] = console.JSON_SCHEMA,
     threads: Optional[int] = console.THREADS,
     store: Optional[Path] = console.STORE,
     memory_mb: float = console.MEMORY_MB,
@@ -44,6 +45,7 @@ def decode(
     Arms: ar, chain:N (at most N draft tokens), tree:N (N rows), pinned:N (N rows, learners on),
     cost (learned width, no n-gram), adaspark (learned width with n-gram candidates)."""
     how = console.sampling(temperature, sample_top_k, top_p, min_p, seed)
+    as_json_reply, schema = console.json_schema(json_schema)
     text = console.read_prompt(prompt_file)
     system = console.utf8(system, "--system") if system is not None else None
     with reported(), Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter,
@@ -55,7 +57,8 @@ def decode(
         else:
             prompt = rt.chat(([{"role": "system", "content": system}] if system else [])
                              + [{"role": "user", "content": text}])
-        gen = rt.generation(prompt, max_tokens, request_id=Path(prompt_file).name, sampling=how)
+        grammar = rt.json_grammar(schema) if as_json_reply else None
+        gen = rt.generation(prompt, max_tokens, request_id=Path(prompt_file).name, sampling=how, grammar=grammar)
         # Ctrl-C or SIGTERM ends the reply at a round boundary, as ``serve`` does: its last round
         # logged as interrupted and the store saved equal to a replay of the log. (Raised
         # mid-round, KeyboardInterrupt left a round learned and never logged.)

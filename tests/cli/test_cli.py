@@ -173,3 +173,22 @@ def test_decode_with_a_draft_model(default_model_path):
     assert res.returncode == 0, res.stderr
     out = orjson.loads(res.stdout)
     assert out["generated_tokens"] == 40 and out["tokens_per_round"] > 2
+
+
+def test_decode_json_schema_replies_under_the_schema_and_refuses_a_bad_one(tmp_path):
+    schema = {"type": "object", "additionalProperties": False, "required": ["title", "n"],
+              "properties": {"title": {"type": "string", "maxLength": 10}, "n": {"type": "integer", "minimum": 0, "maximum": 9}}}
+    (tmp_path / "s.json").write_text(orjson.dumps(schema).decode())
+    log = tmp_path / "r.jsonl"
+    res = adaspark("decode", PROMPTS / "rewrite.txt", "--model", SIM, "--json-schema", tmp_path / "s.json",
+                   "--json", "--log", log)
+    assert res.returncode == 0, res.stderr
+    reply = orjson.loads(orjson.loads(res.stdout)["text"])
+    assert set(reply) == {"title", "n"} and len(reply["title"]) <= 10 and reply["n"] <= 9
+    assert all(r.constrained for r in read_log(log))
+    any_object = adaspark("decode", PROMPTS / "rewrite.txt", "--model", SIM, "--json-schema", "{}", "-n", 200, "--json")
+    assert orjson.loads(any_object.stdout)["text"].startswith("{")
+    (tmp_path / "bad.json").write_text("[1]")
+    for spec, words in [("{", "not JSON"), (tmp_path / "bad.json", "not a JSON object"), (tmp_path / "no.json", "no JSON"),
+                        ('{"type": "nope"}', "cannot be compiled")]:
+        assert_one_error_line(adaspark("decode", PROMPTS / "rewrite.txt", "--model", SIM, "--json-schema", spec), *words.split(" "))
