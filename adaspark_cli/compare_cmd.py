@@ -3,6 +3,7 @@ the paper's statistics (adaspark_core/evaluate/stats.py) as tables, a PNG and a 
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -24,6 +25,7 @@ from adaspark_core.decode.runtime import EngineOptions, Runtime
 from adaspark_core.engine.simlm import SimModel
 from adaspark_core.evaluate import compare as cmp
 from adaspark_core.evaluate import testset, tracesim
+from adaspark_core.evaluate.json_workload import extraction_set
 from adaspark_core.evaluate.stats import summarize
 from adaspark_core.store.fingerprint import fingerprint
 
@@ -40,6 +42,7 @@ def compare(
     sets: Optional[List[Path]] = typer.Option(None, "--sets", help="A folder of conversation sets, set files (.json) or prompt files; repeat it (default: ../shared/testset, else fixtures/testset)."),
     subset: str = typer.Option("eval", "--subset", help="eval (the paper's evaluation subset rule), short (first two turns of each source's first conversation) or all."),
     max_turns: Optional[int] = typer.Option(None, "--max-turns", min=1, help="Keep only the first K turns of every conversation (1: first turns only)."),
+    json_workload: bool = typer.Option(False, "--json-workload", help="Answer JSON extraction requests made from the workload's documents instead, each under its JSON schema in every arm (pld:N takes no grammar); counts the replies that follow their schema (docs/comparing.md)."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Reply cap; capped replies count in the first-N ratio and are left out of the paper's."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Decode every reply K times and keep the median speed."),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for compare.json (every reply, the summary, machine, model hash, versions) and ratios.png."),
@@ -67,7 +70,7 @@ def compare(
             raise InputError(f"unknown subset {subset!r}: use {', '.join(cmp.SUBSETS)}")
         how = console.sampling(temperature, sample_top_k, top_p, min_p, seed)
         _check_warm_on(warm_on)
-        convs = load_workload(sets, subset, max_turns)
+        convs = load_workload(sets, subset, max_turns, json_workload)
         warm_convs = testset.first_halves(convs) if warm_on == "first-half" else None
         if logs is not None and logs.exists() and not logs.is_dir():
             raise InputError(f"--logs wants a folder: {logs} is a file")
@@ -75,7 +78,8 @@ def compare(
             landing(out / RESULTS)
         with Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter, block=block,
                                           draft_top_k=draft_top_k, reuse_prefix=reuse_prefix)) as rt:
-            names, replies = _run(rt, arms, convs, max_tokens, repeat, warm, logs, memory_mb, warm_convs, how)
+            names, replies = _run(rt, arms, convs, max_tokens, repeat, warm, logs, memory_mb, warm_convs, how,
+                                  schemas=json_workload)
             turns, skipped = sum(len(c.turns) for c in convs), cmp.left_out(convs, replies, names[0])
             fit = (f"the context of {rt.target.n_ctx} tokens (a prompt plus --max-tokens {max_tokens} must fit: "
                    f"raise --n-ctx or lower --max-tokens)")
@@ -90,6 +94,7 @@ def compare(
                               {"max_tokens": max_tokens, "subset": subset, "repeat": repeat, "n_ctx": rt.target.n_ctx,
                                "warm": warm, "warm_on": warm_on, "logs": str(logs) if logs is not None else None, "reuse_prefix": reuse_prefix,
                                "memory_mb": memory_mb, "sampling": how.describe() if how else None, "seed": seed if how else None,
+                               "json_workload": json_workload,
                                "sets": [str(s) for s in sets or []] or [str(testset.default_dir())]})
                 png = out / "ratios.png"
                 skipped = missing()  # matplotlib is an optional extra: without it, a note instead of the figure
@@ -100,7 +105,8 @@ def compare(
             sys.stdout.write(orjson.dumps(summary).decode() + "\n")
         else:
             store = f"warm store ({warm} untimed pass{'es' if warm > 1 else ''} first)" if warm else "cold store"
-            sys.stdout.write(f"model {rt.model.path.name}, {len(convs)} conversations, replies capped at {max_tokens} "
+            what = "JSON extraction requests" if json_workload else "conversations"
+            sys.stdout.write(f"model {rt.model.path.name}, {len(convs)} {what}, replies capped at {max_tokens} "
                              f"tokens, subset {subset}, learning arms from a {store}\n")
             sys.stdout.write(_tables(summary, replies))
 
@@ -131,8 +137,9 @@ def _tables(summary: dict, replies: list[dict]) -> str:
 
 
 def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int, logs, memory_mb: float = 0.0,
-         warm_convs=None, sampling=None):
-    """Every arm over ``convs`` on the runtime's target and drafter: (arm names, replies)."""
+         warm_convs=None, sampling=None, schemas: bool = False):
+    """Every arm over ``convs`` on the runtime's target and drafter: (arm names, replies).
+    ``schemas``: the replies follow JSON schemas (``cmp.make_arms``)."""
     lm, target = rt.model, rt.target
 
     def prompt_lookup():
@@ -146,7 +153,7 @@ def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int,
         raise InputError(f"llama: arms run llama.cpp's llama-server: they need a GGUF model, not {lm.path}")
     arm_list = cmp.make_arms(arms.split(","), target, rt.drafter, prompt_lookup, lm.is_eog, model_path=lm.path,
                              n_ctx=target.n_ctx, threads=rt.threads, memory_mb=memory_mb,
-                             sampling=sampling)
+                             sampling=sampling, schemas=schemas)
     try:
         with tqdm(total=cmp.steps(convs, arm_list, warm, warm_convs), desc="compare", unit="reply", file=sys.stderr,
                   disable=None) as bar:
@@ -157,9 +164,11 @@ def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int,
     return [a.name for a in arm_list], replies
 
 
-def load_workload(sets: Optional[List[Path]], which: str, max_turns: Optional[int] = None):
+def load_workload(sets: Optional[List[Path]], which: str, max_turns: Optional[int] = None,
+                  json_requests: bool = False):
     """Conversations of the given folders, set files and prompt files (default: testset.default_dir()),
-    each source cut to the subset, each conversation to its first ``max_turns`` turns."""
+    each source cut to the subset, each conversation to its first ``max_turns`` turns; with ``json_requests``,
+    the JSON extraction requests their documents give (json_workload.extraction_set)."""
     paths = list(sets or [testset.default_dir()])
     convs = []
     for p in paths:
@@ -191,7 +200,12 @@ def load_workload(sets: Optional[List[Path]], which: str, max_turns: Optional[in
     if not convs:
         raise InputError("the workload is empty")
     if max_turns is not None:
-        convs = [testset.Conversation(c.set, c.name, c.kind, c.turns[:max_turns], c.tools) for c in convs]
+        convs = [dataclasses.replace(c, turns=c.turns[:max_turns]) for c in convs]
+    if json_requests:
+        convs = extraction_set(convs)
+        if not convs:
+            raise InputError("--json-workload: the workload holds no document to extract from (the convfinqa, "
+                             "toolace, longbench and specbench sets hold them)")
     return convs
 
 

@@ -9,8 +9,9 @@ replies (Tables 4, 6, 8); each arm over the baseline by context band (Table 3's 
 side by side; the pinned widths (Table 3: each pinned arm over AdaSpark, the best pinned arm over
 the baseline, AdaSpark over the best pinned arm); AdaSpark over the best pld arm per source;
 AdaSpark over the best fixed arm per source and band; the share of rounds at each width (Figure 8);
-and the replies each ratio left out and those whose text differs (Table 10). A missing number is a
-dash, never an error.
+the replies each ratio left out and those whose text differs (Table 10); and, for replies under
+JSON schemas, how many of each arm's follow their schema. A missing number is a dash, never an
+error.
 
 ``figure(summary, path)`` draws each arm's headline ratio over the baseline per source (and over all
 replies) with its 95% interval, with ``adaspark_cli.plot.line_plot``; with nothing to draw it
@@ -181,6 +182,13 @@ def tables(summary: dict, digits: int = 2) -> str:
         out.append(_table(rows, ["arm", "paired", "capped (either)", "single-delta", "unpaired", "used (paper)",
                                  "used (first N)", "no interval", "untraced", "own capped", "same text",
                                  "same text, first turns", "text differs"]))
+
+    # Structured output: the speeds above mean little for replies that break their schema.
+    jv = s.get("json_valid") or {}
+    if jv:
+        out.append("\nReplies under a JSON schema: those that parse and follow it, and those that reached the cap")
+        out.append(_table([["json valid"] + [_frac(jv[a]["valid"], jv[a]["replies"]) for a in jv],
+                           ["capped"] + [jv[a]["capped"] for a in jv]], ["replies"] + list(jv)))
     return "\n".join(out) + "\n"
 
 

@@ -24,6 +24,7 @@ them forced.
 from __future__ import annotations
 
 import json
+from functools import cache
 from typing import Callable
 
 import llguidance
@@ -44,6 +45,42 @@ def json_grammar(schema: dict | None) -> str:
             json.dumps(schema if schema is not None else {"type": "object"}), defaults=JSON_OPTIONS)
     except (ValueError, TypeError) as e:
         raise InputError(f"the JSON schema cannot be compiled: {e}") from None
+
+
+def follows_schema(text: str, schema: dict | None) -> bool:
+    """Whether ``text`` is one JSON value following ``schema`` (None: any JSON object), whoever
+    wrote it. The value is parsed and its compact form run through the schema's grammar, not the
+    reply's own tokens: llama.cpp's grammar (GBNF) lets a reply hold whitespace between tokens and
+    ``\\u`` escapes of any character, both JSON, which ours refuses. Like both grammars, the check
+    asks for the properties in the schema's order."""
+    try:
+        compact = json.dumps(json.loads(text, parse_constant=_no_constant), ensure_ascii=False,
+                             separators=(",", ":"), allow_nan=False).encode()  # a lone surrogate fails here
+    except ValueError:  # not JSON (JSONDecodeError and UnicodeEncodeError are ValueErrors)
+        return False
+    matcher = llguidance.LLMatcher(_byte_tokenizer(), json_grammar(schema), log_level=0)  # no warning per misfit
+    return matcher.consume_tokens(list(compact)) and matcher.is_accepting()
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")  # Python's json reads NaN and Infinity
+
+
+class _Bytes:
+    """A vocabulary of the 256 bytes and an end token, as llguidance.TokenizerWrapper reads one:
+    a text checked byte by byte, whatever model wrote it."""
+
+    eos_token_id, bos_token_id = 256, None
+    tokens = [bytes([b]) for b in range(256)] + [b"\xff<end>"]  # the 0xff lead marks a special token
+    special_token_ids = [256]
+
+    def __call__(self, data: bytes) -> list[int]:
+        return list(data)
+
+
+@cache
+def _byte_tokenizer() -> llguidance.LLTokenizer:
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))
 
 
 class Grammar:

@@ -8,6 +8,11 @@ the first delta to the last. AdaSpark's arms run through the scheduler (``genera
 ``num_pred_tokens`` N) through its high-level ``Llama`` API, the peer a user of that API has today;
 ``llama:SPEC`` is llama.cpp's own llama-server with its ``--spec-type`` SPEC (adaspark_core/evaluate/peer.py).
 
+A conversation with a ``response_format`` (the JSON extraction workload, json_workload.py) is answered
+under its JSON schema by every arm: ours through a grammar (decode/grammar.py), llama-server through
+its own (``json_schema``); ``pld:N`` takes no grammar and is refused. Every such reply is checked
+against its schema (``json_valid``).
+
 A tool turn (ToolACE) gives two timed replies when the model calls a tool: the call, then the answer
 after the recorded result is returned as a ``tool`` message; a reply that calls nothing ends the turn.
 
@@ -36,6 +41,7 @@ from adaspark_core.base.sampling import Sampling
 from adaspark_core.candidates.memory import NgramMemory
 from adaspark_core.decode.arms import Arm, parse_arm
 from adaspark_core.decode.generation import Generation
+from adaspark_core.decode.grammar import Grammar, follows_schema
 from adaspark_core.evaluate.answer import Answer, trace_point
 from adaspark_core.evaluate.peer import LlamaServerArm, draft_model_path
 from adaspark_core.evaluate.testset import Conversation, user_message
@@ -58,7 +64,7 @@ def subset(convs: list[Conversation], which: str, already_eval: bool) -> list[Co
         return convs
     if which == "short":
         c = convs[0]
-        return [Conversation(c.set, c.name, c.kind, c.turns[:2], c.tools)]
+        return [dataclasses.replace(c, turns=c.turns[:2])]
     if which != "eval":
         raise InputError(f"unknown subset {which!r}: use {', '.join(SUBSETS)}")
     if already_eval:
@@ -87,6 +93,14 @@ def looks_like_tool_call(text: str) -> bool:
     return bool(_CALL.search(text))
 
 
+def reply_schema(conv: Conversation) -> dict | None:
+    """The JSON schema a conversation's replies follow (its ``response_format``: a ``json_schema``'s
+    schema, any object for ``json_object``); None for free text."""
+    if conv.response_format is None:
+        return None
+    return (conv.response_format.get("json_schema") or {}).get("schema") or {"type": "object"}
+
+
 def system_messages(conv: Conversation) -> list[dict]:
     """The tools a conversation offers, as a system message every arm sees alike."""
     if not conv.tools:
@@ -112,12 +126,16 @@ class SchedulerArm:
         self.sampling = sampling  # every reply sampled with these settings and seed (sampling.py)
         self.log = None
 
-    def answer(self, prompt: list[int], max_tokens: int, request_id: str, remember: bool = True) -> Answer:
+    def answer(self, prompt: list[int], max_tokens: int, request_id: str, remember: bool = True,
+               schema: dict | None = None) -> Answer:
+        """One reply; under ``schema`` (a JSON schema) decoded under its grammar, a fresh one per
+        reply, as a server builds one per request."""
         # a sampled reply learns in the sampled regime (Learners.regime)
         learners = self.learners.regime(self.sampling is not None) if self.learners is not None else None
+        grammar = Grammar.for_schema(self.target.model, schema) if schema is not None else None
         gen = Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id,
                          learners=learners, drafter=self.drafter, log=self.log, memory=self.memory,
-                         remember=remember, sampling=self.sampling)
+                         remember=remember, sampling=self.sampling, grammar=grammar)
         for _ in gen:  # the generation stamps each round's delta on its clock (Stats.delta)
             pass
         st = gen.stats
@@ -161,7 +179,8 @@ class PromptLookupArm:
 
 def make_arms(specs: list[str], target, drafter, prompt_lookup: Callable[[], object], is_eog: Callable[[int], bool],
               learners_factory: Callable[[], Learners] = Learners, model_path=None, n_ctx: int | None = None,
-              threads: int | None = None, memory_mb: float = 0.0, sampling: Sampling | None = None) -> list:
+              threads: int | None = None, memory_mb: float = 0.0, sampling: Sampling | None = None,
+              schemas: bool = False) -> list:
     """The arms ``specs`` name, in order; ar is always first (the baseline). A ``llama:`` arm is
     llama.cpp's own llama-server (adaspark_core/evaluate/peer.py), run on ``model_path`` with ``n_ctx`` and
     ``threads`` (a ``llama:draft`` arm also on the draft file of ``drafter``, a model drafter);
@@ -171,11 +190,14 @@ def make_arms(specs: list[str], target, drafter, prompt_lookup: Callable[[], obj
     ``sampling``: every AdaSpark arm, ar included, samples its replies with it (the same seed, so
     they sample the same text), and llama-server peers with llama.cpp's own sampler at the same
     settings (another sample of the same distribution); the pld peer decodes greedily and is
-    refused."""
-    if sampling is not None:
-        peers = [s.strip() for s in specs if s.strip().startswith("pld:")]
-        if peers:
-            raise InputError(f"arm {peers[0]} decodes greedily: compare it at temperature 0")
+    refused. ``schemas``: the workload's replies follow JSON schemas (``reply_schema``), which the
+    pld peer cannot decode under: refused too, before its model is loaded."""
+    peers = [s.strip() for s in specs if s.strip().startswith("pld:")]
+    if sampling is not None and peers:
+        raise InputError(f"arm {peers[0]} decodes greedily: compare it at temperature 0")
+    if schemas and peers:
+        raise InputError(f"arm {peers[0]} (llama-cpp-python's prompt lookup) takes no grammar: leave the pld arms "
+                         f"out of --arms for replies under JSON schemas")
     names = [s.strip() for s in specs if s.strip()]
     if "ar" in names:
         names.remove("ar")
@@ -338,6 +360,7 @@ def _pass(convs: list[Conversation], arms: list, chat_prompt, n_ctx: int, max_to
     records: list[dict] = []
     for ci, conv in enumerate(convs):
         history = {a.name: system_messages(conv) for a in arms}
+        schema = reply_schema(conv)
         alive = {a.name: True for a in arms}
         for ti, turn in enumerate(conv.turns):
             order = arms if (ci + ti) % 2 == 0 else arms[::-1]
@@ -352,14 +375,15 @@ def _pass(convs: list[Conversation], arms: list, chat_prompt, n_ctx: int, max_to
                     if len(prompt) + max_tokens >= n_ctx:
                         alive[arm.name] = False  # the conversation no longer fits: it ends here
                         break
-                    ans = _answer(arm, prompt, max_tokens, f"{tag}{conv.name}/{ti}/{reply}", repeat)
+                    ans = _answer(arm, prompt, max_tokens, f"{tag}{conv.name}/{ti}/{reply}", repeat, schema)
                     if traces is not None and arm is arms[0]:
                         write_trace(traces, Trace(f"{conv.name}/{ti}/{reply}", conv.set, conv.name, ti, reply,
                                                   list(prompt), list(ans.tokens), ans.finish, ans.end, max_tokens))
                     records.append({"arm": arm.name, "source": conv.set, "conversation": conv.name, "turn": ti,
                                     "reply": reply, "tok_s": ans.tok_s, "tokens": len(ans.tokens),
                                     "capped": ans.finish == "length", "context": len(prompt), "finish": ans.finish,
-                                    "widths": ans.widths, "text": ans.text, "trace": getattr(ans, "trace", None)})
+                                    "widths": ans.widths, "text": ans.text, "trace": getattr(ans, "trace", None),
+                                    "json_valid": None if schema is None else follows_schema(ans.text, schema)})
                     messages = messages + [{"role": "assistant", "content": ans.text}]
                     if reply == 1 or turn.get("result") is None or not looks_like_tool_call(ans.text):
                         break
@@ -375,10 +399,11 @@ def left_out(convs: list[Conversation], records: list[dict], baseline: str) -> i
     return sum(len(c.turns) for c in convs) - len(done)
 
 
-def _answer(arm, prompt, max_tokens, request_id, repeat) -> Answer:
+def _answer(arm, prompt, max_tokens, request_id, repeat, schema=None) -> Answer:
     # A repeat must not find its own reply in the arm's n-gram memory: only the last run adds it.
     answers = [arm.answer(prompt, max_tokens, request_id,
-                          **({"remember": k == repeat - 1} if isinstance(arm, SchedulerArm) else {}))
+                          **({"remember": k == repeat - 1} if isinstance(arm, SchedulerArm) else {}),
+                          **({"schema": schema} if schema is not None else {}))  # pld:N takes none
                for k in range(repeat)]
     first = answers[0]
     if repeat > 1:

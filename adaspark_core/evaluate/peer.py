@@ -48,8 +48,10 @@ context size and threads, one slot, no web UI, flash attention off (as our engin
 row's logits depend on the batch), no prompt cache (``--cache-ram 0``, ``cache_prompt: false``: a
 reply prefills its whole prompt, as our arms' replies do) and greedy sampling (top-k 1,
 temperature 0), or at ``compare --temperature`` llama.cpp's sampler at our settings (its drafts are
-accepted while they equal what its sampler draws, lossless as ours). ngram-mod keeps its n-gram table across requests (a server-wide cache, by design),
-so it also finds text of earlier replies, and with ``--repeat`` a reply's own earlier decode.
+accepted while they equal what its sampler draws, lossless as ours). A reply under a JSON schema
+sends it as ``json_schema``, which the server turns into its GBNF grammar. ngram-mod keeps its
+n-gram table across requests (a server-wide cache, by design), so it also finds text of earlier
+replies, and with ``--repeat`` a reply's own earlier decode.
 
 Timing is on the client clock, exactly as for our arms (``generation.Stats``): a reply's decode
 speed is the tokens after the first delta over the time from the first delta that carried tokens
@@ -213,11 +215,13 @@ def server_command(binary: Path, spec: PeerSpec, model_path, n_ctx: int, threads
     return llama_server.server_command(binary, model_path, n_ctx, threads, port, spec.server_args(), draft_path)
 
 
-def request_body(prompt: list[int], max_tokens: int, stream: bool = True, sampling: Sampling | None = None) -> dict:
+def request_body(prompt: list[int], max_tokens: int, stream: bool = True, sampling: Sampling | None = None,
+                 schema: dict | None = None) -> dict:
     """A /completion request for one reply: the prompt's exact token ids, no prompt cache; greedy,
     or with ``sampling`` llama.cpp's chain of the samplers ours has, in our order (top-k, top-p,
     min-p, temperature; top_k 0 is off in both) and the seed. The server draws with its own
-    generator, so the text is another sample of the same distribution, not ours."""
+    generator, so the text is another sample of the same distribution, not ours. ``schema``: the
+    reply follows this JSON schema (the server turns ``json_schema`` into its GBNF grammar)."""
     body = {"prompt": list(prompt), "n_predict": max_tokens, "stream": stream, "cache_prompt": False,
             "temperature": 0.0, "top_k": 1, "samplers": ["top_k"], "seed": 0, "repeat_penalty": 1.0,
             "return_tokens": True, "timings_per_token": stream}
@@ -225,6 +229,8 @@ def request_body(prompt: list[int], max_tokens: int, stream: bool = True, sampli
         body.update(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                     min_p=sampling.min_p, seed=sampling.seed if sampling.seed is not None else 0,
                     samplers=["top_k", "top_p", "min_p", "temperature"])
+    if schema is not None:
+        body["json_schema"] = schema
     return body
 
 
@@ -388,11 +394,13 @@ class LlamaServerArm:
             raise InputError(f"llama-server for {self.name} answered HTTP {resp.status}: {detail}")
         return resp
 
-    def answer(self, prompt: list[int], max_tokens: int, request_id: str, clock=time.perf_counter):
+    def answer(self, prompt: list[int], max_tokens: int, request_id: str, clock=time.perf_counter,
+               schema: dict | None = None):
+        """One reply; under ``schema`` (a JSON schema) decoded under the server's grammar of it."""
         server = self._server()
         conn = http.client.HTTPConnection(HOST, server.port, timeout=REPLY_TIMEOUT_S)
         try:
-            resp = self._post(conn, server, request_body(prompt, max_tokens, sampling=self.sampling))
+            resp = self._post(conn, server, request_body(prompt, max_tokens, sampling=self.sampling, schema=schema))
             got = read_stream(iter(resp.readline, b""), self.is_eog, clock)
         except OSError as e:
             raise InputError(f"llama-server for {self.name} broke off a reply ({e}): {server.log_tail()}") from None
@@ -400,17 +408,19 @@ class LlamaServerArm:
             conn.close()
         tokens = got.tokens
         if not got.ids_complete:
-            tokens = self._ids(server, prompt, max_tokens, got.generated)
+            tokens = self._ids(server, prompt, max_tokens, got.generated, schema)
         self.last_timings = got.timings
         text = self.detokenize(tokens) if self.detokenize is not None else got.text
         return Answer(tokens, text, got.tok_s, got.finish, trace=[trace_point(n, t) for n, t in got.trace()] or None)
 
-    def _ids(self, server: LlamaServer, prompt: list[int], max_tokens: int, expected: int) -> list[int]:
+    def _ids(self, server: LlamaServer, prompt: list[int], max_tokens: int, expected: int,
+             schema: dict | None) -> list[int]:
         """The reply's token ids from an untimed request without streaming (its final message carries
-        them all), for a reply whose stream held one back."""
+        them all), for a reply whose stream held one back; the same request, so the same reply."""
         conn = http.client.HTTPConnection(HOST, server.port, timeout=REPLY_TIMEOUT_S)
         try:
-            final = json.loads(self._post(conn, server, request_body(prompt, max_tokens, False, self.sampling)).read())
+            final = json.loads(self._post(conn, server, request_body(prompt, max_tokens, False, self.sampling,
+                                                                     schema)).read())
         except OSError as e:
             raise InputError(f"llama-server for {self.name} broke off a reply ({e}): {server.log_tail()}") from None
         finally:

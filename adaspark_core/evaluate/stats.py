@@ -179,6 +179,9 @@ class Summary(TypedDict):
     best_fixed: BestOf | None
     first_n: dict  # {"vs_baseline": ..., "pinned": ..., "pld": ..., "best_fixed": ...}
     headline: str  # "first_n" | "uncapped": which of the two the report leads with
+    # arm -> its replies under a JSON schema, those that follow it and those the cap cut:
+    # {"replies", "valid", "capped"}; {} for a workload without schemas
+    json_valid: dict[str, dict]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -524,11 +527,14 @@ def summarize(replies: list[dict], arms: list[str], baseline: str = "ar", resamp
                        _comparisons(replies, arms, baseline, sources, band, compare_first_n, _empty_first_n, kw)))
     used = lambda v: sum(x["overall"]["replies"] for x in v.values())  # noqa: E731
     headline = "first_n" if used(first_n["vs_baseline"]) >= used(vs) else "uncapped"
+    under = {a: [r for r in replies if r["arm"] == a and r.get("json_valid") is not None] for a in arms}
+    json_valid = {a: {"replies": len(v), "valid": sum(r["json_valid"] for r in v),
+                      "capped": sum(1 for r in v if r.get("capped"))} for a, v in under.items() if v}
 
     return {"baseline": baseline, "arms": arms, "sources": sources, "bands": list(BANDS), "band_by": band_by,
             "resamples": resamples, "seed": seed, "looped": looped, "looped_any": looped_any, "speed": speed,
             "vs_baseline": vs, "widths": widths, "pinned": pinned, "pld": pld, "best_fixed": best_fixed,
-            "first_n": first_n, "headline": headline}
+            "first_n": first_n, "headline": headline, "json_valid": json_valid}
 
 
 FIXED_PREFIXES = ("chain:", "pinned:", "tree:", "pld:", "llama:")

@@ -14,7 +14,7 @@ from adaspark_core.base.sampling import Sampling
 from adaspark_core.base.tree import ANCHOR, FORCED, NGRAM, Candidate
 from adaspark_core.decode.arms import parse_arm
 from adaspark_core.decode.generation import run
-from adaspark_core.decode.grammar import Grammar
+from adaspark_core.decode.grammar import Grammar, follows_schema
 from adaspark_core.engine.simlm import EOG, SimModel
 from adaspark_core.evaluate.replay import replay
 from adaspark_core.learn.learned import Learners
@@ -149,3 +149,18 @@ def test_a_constrained_log_checks_and_replays_exactly(model, tmp_path):
     line = {**r.to_json(), "constrained": False}
     with pytest.raises(ValueError, match="forced"):
         RoundRecord.from_json(line)
+
+
+def test_a_reply_follows_its_schema_whoever_wrote_it():
+    ok = '{"name":"ab","tags":["x"],"size":3,"ok":true}'
+    assert follows_schema(ok, SCHEMA)
+    # JSON another grammar (llama.cpp's GBNF) allows: whitespace around tokens, \u escapes of any character
+    assert follows_schema(' {\n  "name": "a\\u00e9",\n  "tags": [],\n  "size": 3,\n  "ok": true\n}\n', SCHEMA)
+    for bad in ('{"name":"ab","tags":["x"],"size":3', '{"name":"ab","tags":["x"],"size":1000,"ok":true}',
+                '{"name":"abcdefghijklm","tags":[],"size":3,"ok":true}', '{"name":"ab","tags":[],"size":3}',
+                '{"tags":[],"name":"ab","size":3,"ok":true}',  # out of the schema's order, as both grammars hold
+                '{"name":"\\ud800","tags":[],"size":3,"ok":true}', '{"name":"ab","tags":[],"size":NaN,"ok":true}',
+                "", "abc"):
+        assert not follows_schema(bad, SCHEMA), bad
+    assert follows_schema('{"any": [1, {"b": null}]}', None) and not follows_schema("[1]", None)
+    jsonschema.validate(json.loads(ok), SCHEMA)

@@ -4,7 +4,7 @@ tested in test_stats.py."""
 
 import orjson
 import pytest
-from conftest import NEAR_TIE, PROMPTS, TESTSET
+from conftest import NEAR_TIE, PROMPTS, SIM, TESTSET
 from helpers import adaspark, assert_one_error_line
 
 from adaspark_core.evaluate import compare as cmp
@@ -242,6 +242,104 @@ def test_compare_command_without_a_ratio_skips_the_figure_with_one_line(tmp_path
                                    "--arms", "ar", "--max-tokens", "4", "--resamples", "100", "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "no ratio to plot" in res.stderr and not (out / "ratios.png").exists()
+
+
+# --- replies under JSON schemas (the JSON extraction workload) -----------------------------------------
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "size", "ok"],
+          "properties": {"name": {"type": "string", "maxLength": 8},
+                         "size": {"type": "integer", "minimum": 0, "maximum": 99}, "ok": {"type": "boolean"}}}
+
+
+def json_conv(name, schema=SCHEMA):
+    return Conversation("jsonextract", name, "extraction", ({"kind": "extraction", "type": "first",
+                                                             "text": f"Describe {name} as JSON."},),
+                        response_format={"type": "json_schema", "json_schema": {"name": "thing", "schema": schema,
+                                                                                "strict": True}})
+
+
+def test_every_scheduler_arm_answers_under_the_conversations_schema_and_is_counted():
+    import json
+
+    import jsonschema
+
+    from adaspark_core.decode.arms import parse_arm
+    from adaspark_core.engine.simlm import SimModel
+    from adaspark_core.evaluate.stats import summarize
+    from adaspark_core.learn.learned import Learners
+
+    model = SimModel(SIM)
+    target = model.target()
+    names = ["ar", "chain:3", "adaspark"]
+    arms = [cmp.SchedulerArm(parse_arm(a), target, learners=Learners() if parse_arm(a).learns else None) for a in names]
+    convs = [json_conv("sea"), json_conv("sky"), conv("free", "chat", 1)]
+    recs = cmp.run(convs, arms, model.chat_prompt, 4096, 96)
+    under = [r for r in recs if r["conversation"] != "free"]
+    assert len(under) == 2 * 3 and all(r["finish"] == "stop" and r["json_valid"] for r in under)
+    for r in under:
+        jsonschema.validate(json.loads(r["text"]), SCHEMA)  # the grammar's compact JSON, following the schema
+    free = [r for r in recs if r["conversation"] == "free"]
+    assert all(r["json_valid"] is None for r in free) and not any(r["text"].startswith("{") for r in free)
+    s = summarize(recs, names, resamples=100)
+    assert s["json_valid"] == {a: {"replies": 2, "valid": 2, "capped": 0} for a in names}
+    # a reply the cap cuts is not JSON: counted, not valid
+    capped = cmp.run([json_conv("sea")], arms[:1], model.chat_prompt, 4096, 5)
+    assert capped[0]["finish"] == "length" and capped[0]["json_valid"] is False
+    assert summarize(capped, ["ar"], resamples=100)["json_valid"] == {"ar": {"replies": 1, "valid": 0, "capped": 1}}
+    assert summarize(free, names, resamples=100)["json_valid"] == {}
+
+
+def test_a_response_format_survives_the_workload_rules():
+    from adaspark_cli.compare_cmd import load_workload
+    from adaspark_core.evaluate.json_workload import load_json_workload
+
+    convs = load_workload([TESTSET], "eval", json_requests=True)
+    assert [(c.name, c.response_format) for c in convs] == [(c.name, c.response_format)
+                                                              for c in load_json_workload(TESTSET)]
+    assert all(cmp.reply_schema(c) == c.response_format["json_schema"]["schema"] for c in convs)
+    short = cmp.subset([json_conv("a")], "short", already_eval=True)
+    assert short[0].response_format == json_conv("a").response_format
+    assert cmp.reply_schema(Conversation("s", "n", "k", (), response_format={"type": "json_object"})) == {"type": "object"}
+    assert cmp.reply_schema(conv("c", "chat", 1)) is None
+
+
+def test_prompt_lookup_is_refused_for_replies_under_schemas():
+    loaded = []
+    with pytest.raises(Exception, match="takes no grammar") as e:
+        cmp.make_arms(["ar", "pld:3"], None, None, lambda: loaded.append(1), lambda t: False, schemas=True)
+    assert "\n" not in str(e.value) and loaded == []  # before its decoder loads the model
+    assert [a.name for a in cmp.make_arms(["ar", "chain:3"], None, None, None, lambda t: False, schemas=True)] == [
+        "ar", "chain:3"]
+
+
+def test_compare_command_runs_the_json_workload(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from adaspark_cli.main import app
+
+    monkeypatch.setenv("ADASPARK_HOME", str(tmp_path / "home"))
+    out = tmp_path / "out"
+    args = ["compare", "--model", SIM, "--sets", str(TESTSET), "--json-workload", "--arms", "ar,chain:3,adaspark",
+            "--max-tokens", "96", "--resamples", "100", "--out", str(out)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    doc = orjson.loads((out / "compare.json").read_bytes())
+    assert doc["settings"]["json_workload"] is True
+    replies = doc["replies"]  # the requests that fit the simulated model's context (its tokens are bytes)
+    assert replies and all(isinstance(r["json_valid"], bool) for r in replies)
+    jv = doc["summary"]["json_valid"]
+    assert sorted(jv) == ["adaspark", "ar", "chain:3"] and len({v["replies"] for v in jv.values()}) == 1
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("json valid"))
+    assert line.split()[2:] == [f'{jv[a]["valid"]}/{jv[a]["replies"]}' for a in ("ar", "chain:3", "adaspark")]
+    assert "JSON extraction requests" in res.stdout
+
+    res = CliRunner().invoke(app, args[:-2] + ["--arms", "ar,pld:3"])
+    assert res.exit_code == 2 and "takes no grammar" in res.output
+    sets = tmp_path / "chat.json"  # no document to extract from
+    sets.write_bytes(orjson.dumps({"set": "tiny", "conversations": [
+        {"name": "c", "kind": "chat", "turns": [{"kind": "chat", "type": "first", "text": "Hi."}]}]}))
+    res = CliRunner().invoke(app, ["compare", "--model", SIM, "--sets", str(sets), "--json-workload", "--arms", "ar"])
+    assert res.exit_code == 2 and "no document to extract from" in res.output
 
 
 @pytest.mark.model

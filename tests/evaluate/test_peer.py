@@ -138,6 +138,14 @@ def test_the_request_is_greedy_uncached_and_exact():
     assert body["prompt"] == [1, 5, 9] and body["n_predict"] == 16
     assert body["stream"] and body["timings_per_token"] and not body["cache_prompt"]
     assert body["temperature"] == 0 and body["top_k"] == 1 and body["samplers"] == ["top_k"]
+    assert "json_schema" not in body  # free text
+
+
+def test_a_request_under_a_schema_sends_it_for_the_servers_grammar():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    body = peer.request_body([1, 5, 9], 16, schema=schema)
+    assert body["json_schema"] == schema and body["samplers"] == ["top_k"]  # greedy under it, as ours
+    assert json.loads(json.dumps(body)) == body  # sent as it is
 
 
 def test_a_sampled_request_asks_for_our_chain_at_our_settings():
@@ -319,7 +327,8 @@ class H(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        toks = [t + 100 for t in body["prompt"]][: body["n_predict"]]
+        shift = 200 if "json_schema" in body else 100  # a reply under a schema is another reply
+        toks = [t + shift for t in body["prompt"]][: body["n_predict"]]
         if not body["stream"]:
             self.send_response(200)
             self.end_headers()
@@ -329,7 +338,7 @@ class H(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        shown = [t for t in toks if t != 105]  # 105 "ends inside a UTF-8 character": no event of its own
+        shown = [t for t in toks if t % 100 != 5]  # 105 "ends inside a UTF-8 character": no event of its own
         for i, t in enumerate(shown):
             n = toks.index(t) + 1
             ev = {"content": "c", "tokens": [t], "stop": False, "tokens_predicted": n,
@@ -366,6 +375,9 @@ def test_an_arm_starts_its_server_answers_and_closes(stand_in):
         assert ans.tokens == [101, 103, 105, 107] and len(ans.trace) == 3
         assert arm.server.proc is proc  # one server per arm, kept between replies
         assert arm.last_timings == {"predicted_per_second": 1.0}
+        # under a schema, both requests send it: the held-back id comes from the same reply
+        ans = arm.answer([1, 3, 5, 7], 4, "j/0/0", schema={"type": "object"})
+        assert ans.tokens == [201, 203, 205, 207]
     finally:
         arm.close()
     assert proc.poll() is not None and arm.server is None
