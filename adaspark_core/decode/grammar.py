@@ -12,8 +12,9 @@ uses the grammar three ways (``Grammar.fit``, ``GrammarRows``):
 - a candidate the grammar forbids after its own path is cut before it is priced, with its subtree;
 - where the grammar allows exactly one token (a schema's keys and punctuation), that token is
   known without the model: the round leads with the run of such tokens as FORCED candidates,
-  certain (q = 1), which the verify takes as rows of the tree (their KV is filled there; no round
-  is spent on them) and the accept walk always accepts;
+  certain (q = 1), and hangs the run from there below each proposed leaf; the verify takes them
+  as rows of the tree (their KV is filled there; no round is spent on them), and the accept walk
+  accepts each whose parent it accepts;
 - the verify's tokens are read lazily along the accept walk, a mask computed for each row it
   reads; a greedy row keeps the raw argmax where the mask allows it (no logits read).
 
