@@ -22,7 +22,7 @@ import orjson
 from adaspark_core.base import sampling
 from adaspark_core.base.sampling import Sampling
 
-FIELDS = ("id", "prompt", "messages", "max_tokens", "stream", "stop", *sampling.FIELDS)
+FIELDS = ("id", "prompt", "messages", "max_tokens", "stream", "stop", "json_schema", *sampling.FIELDS)
 ROLES = ("system", "user", "assistant", "tool")
 ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
 MAX_ID_CHARS = 200
@@ -48,6 +48,8 @@ class Request:
     stream: bool
     stops: tuple[str, ...] = ()
     sampling: Sampling | None = None  # None: greedy
+    json: bool = False  # the reply is JSON under ``schema``'s grammar (decode/grammar.py)
+    schema: dict | None = None  # None with ``json``: any object (``"json_schema": {}``)
 
     @property
     def name(self) -> str:
@@ -97,7 +99,10 @@ def parse_request(line: bytes | str, default_max_tokens: int, number: int) -> Re
         how = sampling.from_fields(obj)
     except ValueError as e:
         raise RequestError(str(e), rid) from None
-    return Request(rid, prompt, messages, max_tokens, stream, stops, how)
+    schema = obj.get("json_schema")
+    if schema is not None and not isinstance(schema, dict):
+        raise RequestError("json_schema must be a JSON schema object ({} for any object)", rid)
+    return Request(rid, prompt, messages, max_tokens, stream, stops, how, schema is not None, schema or None)
 
 
 def reply_cap(name: str, v) -> int:

@@ -198,3 +198,22 @@ def test_a_conversations_next_turn_prefills_only_its_new_text(tmp_path):
             assert out[0]["prompt_tokens"] <= out[1]["prompt_reused"] < out[1]["prompt_tokens"]
         else:
             assert out[1]["prompt_reused"] == 0
+
+
+def test_a_json_schema_request_replies_under_it_and_a_bad_one_is_answered(tmp_path):
+    schema = {"type": "object", "additionalProperties": False, "required": ["word", "n"],
+              "properties": {"word": {"type": "string", "maxLength": 8}, "n": {"type": "integer", "minimum": 0, "maximum": 9}}}
+    lines = [request("j", prompt="A word and a digit.", json_schema=schema, max_tokens=64),
+             request("bad", prompt="x", json_schema="yes"), request("nope", prompt="x", json_schema={"type": "nope"}),
+             request("any", prompt="Anything.", json_schema={}, max_tokens=200, stream=True)]
+    res = subprocess.run([*CMD, "--model", SIM, "--log", tmp_path / "r.jsonl"], input="".join(lines),
+                         capture_output=True, text=True, timeout=120)
+    out = [orjson.loads(line) for line in res.stdout.splitlines()]
+    assert res.returncode == 0, res.stderr
+    reply = orjson.loads(out[0]["text"])
+    assert set(reply) == {"word", "n"} and len(reply["word"]) <= 8 and out[0]["finish"] == "stop"
+    assert out[1] == {"id": "bad", "error": "json_schema must be a JSON schema object ({} for any object)"}
+    assert out[2]["id"] == "nope" and "cannot be compiled" in out[2]["error"]
+    deltas = "".join(o["delta"] for o in out[3:] if "delta" in o)
+    assert deltas == out[-1]["text"] and deltas.startswith("{")
+    assert [r.constrained for r in read_log(tmp_path / "r.jsonl")].count(True) > 0
