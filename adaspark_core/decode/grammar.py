@@ -36,16 +36,41 @@ from adaspark_core.base.tree import ANCHOR, FORCED, Candidate, Layout
 
 # llguidance's JSON-schema options: no whitespace the structure does not need (see above).
 JSON_OPTIONS = {"whitespace_flexible": False}
+# An integer (and a number's integral part) at most 16 digits long where the schema gives no
+# bound, as llama.cpp's own schema converter writes it: unbounded, a small model under the
+# grammar writes digits until its token cap (the simulated model did, to 256 tokens).
+DIGITS_BOUND = 10**16 - 1
+# Keywords whose values are data, not schemas: nothing under them is bounded.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 
 
 def json_grammar(schema: dict | None) -> str:
     """The llguidance grammar of JSON replies following ``schema`` (None: any JSON object, as
-    OpenAI's ``json_object``). InputError for a schema it cannot compile."""
+    OpenAI's ``json_object``), its unbounded integers and numbers bounded (``DIGITS_BOUND``).
+    InputError for a schema it cannot compile."""
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(
-            json.dumps(schema if schema is not None else {"type": "object"}), defaults=JSON_OPTIONS)
+            json.dumps(_bounded(schema if schema is not None else {"type": "object"})), defaults=JSON_OPTIONS)
     except (ValueError, TypeError) as e:
         raise InputError(f"the JSON schema cannot be compiled: {e}") from None
+
+
+def _bounded(schema):
+    """``schema`` with ``DIGITS_BOUND`` as the minimum and maximum of every integer or number
+    subschema that has none (a copy; the caller's schema is left alone)."""
+    if isinstance(schema, list):
+        return [_bounded(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v if k in _DATA_KEYWORDS else _bounded(v) for k, v in schema.items()}
+    types = out.get("type")
+    if isinstance(types, str) and types in ("integer", "number") or isinstance(types, list) and (
+            "integer" in types or "number" in types):
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -DIGITS_BOUND
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = DIGITS_BOUND
+    return out
 
 
 def follows_schema(text: str, schema: dict | None) -> bool:

@@ -164,3 +164,17 @@ def test_a_reply_follows_its_schema_whoever_wrote_it():
         assert not follows_schema(bad, SCHEMA), bad
     assert follows_schema('{"any": [1, {"b": null}]}', None) and not follows_schema("[1]", None)
     jsonschema.validate(json.loads(ok), SCHEMA)
+
+
+def test_an_unbounded_integer_has_at_most_16_digits_and_the_reply_ends(model):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "x": {"type": ["number", "null"]}},
+              "required": ["n", "x"], "additionalProperties": False}
+    for text, ok in [('{"n":-9999999999999999,', True), ('{"n":99999999999999999', False),
+                     ('{"n":1,"x":12345678901234567', False), ('{"n":1,"x":1234567890123456.5}', True)]:
+        g = Grammar.for_schema(model, schema)
+        assert (g.matcher.validate_tokens(_bytes(model, text)) == len(text)) == ok, text
+    # the simulated model writes digits where it may: bounded, its reply ends by the grammar
+    gen = run(model.target(), model.tokenize("<user>A number.\n<assistant>"), parse_arm("adaspark"), 400,
+              grammar=Grammar.for_schema(model, schema))
+    assert gen.finish == "stop" and set(json.loads(_text(model, gen.tokens))) == {"n", "x"}
+    assert schema["properties"]["n"] == {"type": "integer"}  # the caller's schema is left alone
