@@ -21,6 +21,7 @@ from adaspark_core.base import sampling as sampling_fields
 from adaspark_core.base.errors import InputError, OutputError
 from adaspark_core.base.files import read_regular
 from adaspark_core.base.sampling import Sampling
+from adaspark_core.decode.grammar import ANY_OBJECT
 
 
 def fail(message: str) -> None:
@@ -201,11 +202,11 @@ JSON_SCHEMA = typer.Option(None, "--json-schema",
 MAX_SCHEMA_BYTES = 1 << 20
 
 
-def json_schema(spec: Optional[str]) -> tuple[bool, Optional[dict]]:
-    """--json-schema: (whether the reply is JSON, its schema: None for any object). ``{}`` (or
-    any JSON object given inline) is taken as the schema itself; else it names a file."""
+def json_schema(spec: Optional[str]) -> Optional[dict]:
+    """--json-schema: the schema the reply follows (None: text; ``{}``: any object). A JSON object
+    given inline is the schema itself; else it names a file."""
     if spec is None:
-        return False, None
+        return None
     if spec.lstrip().startswith("{"):
         raw, what = spec.encode(), "--json-schema"
     else:
@@ -221,7 +222,7 @@ def json_schema(spec: Optional[str]) -> tuple[bool, Optional[dict]]:
         fail(f"{what} is not JSON: {e}")
     if not isinstance(schema, dict):
         fail(f"{what} is not a JSON object")
-    return True, (schema or None)
+    return schema or ANY_OBJECT
 
 
 LOG = typer.Option(None, "--log", help="Append one JSON line per round to this file (for adaspark replay).")

@@ -45,7 +45,7 @@ def decode(
     Arms: ar, chain:N (at most N draft tokens), tree:N (N rows), pinned:N (N rows, learners on),
     cost (learned width, no n-gram), adaspark (learned width with n-gram candidates)."""
     how = console.sampling(temperature, sample_top_k, top_p, min_p, seed)
-    as_json_reply, schema = console.json_schema(json_schema)
+    schema = console.json_schema(json_schema)
     text = console.read_prompt(prompt_file)
     system = console.utf8(system, "--system") if system is not None else None
     with reported(), Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter,
@@ -57,7 +57,7 @@ def decode(
         else:
             prompt = rt.chat(([{"role": "system", "content": system}] if system else [])
                              + [{"role": "user", "content": text}])
-        grammar = rt.json_grammar(schema) if as_json_reply else None
+        grammar = rt.json_grammar(schema) if schema is not None else None
         gen = rt.generation(prompt, max_tokens, request_id=Path(prompt_file).name, sampling=how, grammar=grammar)
         # Ctrl-C or SIGTERM ends the reply at a round boundary, as ``serve`` does: its last round
         # logged as interrupted and the store saved equal to a replay of the log. (Raised

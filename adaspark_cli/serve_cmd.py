@@ -104,7 +104,7 @@ class Server:
         rt = self.rt
         try:
             prompt = rt.tokens(req.prompt) if req.prompt is not None else rt.chat(req.messages)
-            grammar = rt.json_grammar(req.schema) if req.json else None
+            grammar = rt.json_grammar(req.json_schema) if req.json_schema is not None else None
             on_text = (lambda text: console.write_json({"id": req.id, "delta": text})) if req.stream else None
             reply = serve_request(rt, prompt, req.max_tokens, req.name, stops=req.stops, sampling=req.sampling,
                                   on_text=on_text, cancelled=stop, on_warning=_warn, grammar=grammar)

@@ -44,13 +44,15 @@ DIGITS_BOUND = 10**16 - 1
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 
 
-def json_grammar(schema: dict | None) -> str:
-    """The llguidance grammar of JSON replies following ``schema`` (None: any JSON object, as
-    OpenAI's ``json_object``), its unbounded integers and numbers bounded (``DIGITS_BOUND``).
-    InputError for a schema it cannot compile."""
+# OpenAI's ``json_object``: any JSON object.
+ANY_OBJECT = {"type": "object"}
+
+
+def json_grammar(schema: dict) -> str:
+    """The llguidance grammar of JSON replies following ``schema``, its unbounded integers and
+    numbers bounded (``DIGITS_BOUND``). InputError for a schema it cannot compile."""
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(
-            json.dumps(_bounded(schema if schema is not None else {"type": "object"})), defaults=JSON_OPTIONS)
+        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(_bounded(schema)), defaults=JSON_OPTIONS)
     except (ValueError, TypeError) as e:
         raise InputError(f"the JSON schema cannot be compiled: {e}") from None
 
@@ -73,8 +75,8 @@ def _bounded(schema):
     return out
 
 
-def follows_schema(text: str, schema: dict | None) -> bool:
-    """Whether ``text`` is one JSON value following ``schema`` (None: any JSON object), whoever
+def follows_schema(text: str, schema: dict) -> bool:
+    """Whether ``text`` is one JSON value following ``schema``, whoever
     wrote it. The value is parsed and its compact form run through the schema's grammar, not the
     reply's own tokens: llama.cpp's grammar (GBNF) lets a reply hold whitespace between tokens and
     ``\\u`` escapes of any character, both JSON, which ours refuses. Like both grammars, the check
@@ -128,7 +130,7 @@ class Grammar:
         self._bits = np.zeros((tokenizer.vocab_size + 31) // 32, dtype=np.int32)
 
     @classmethod
-    def for_schema(cls, model, schema: dict | None) -> "Grammar":
+    def for_schema(cls, model, schema: dict) -> "Grammar":
         """The grammar of JSON replies following ``schema`` on ``model``'s vocabulary."""
         return cls(model.grammar_tokenizer(), json_grammar(schema), model.n_vocab)
 

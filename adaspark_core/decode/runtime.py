@@ -181,9 +181,9 @@ class Runtime:
         reply, which starts with ``reply_start``."""
         return self.model.chat_prompt(messages, tools, reply_start)
 
-    def json_grammar(self, schema: dict | None) -> Grammar:
-        """A request's grammar of JSON replies following ``schema`` (None: any JSON object) on
-        the runtime's model; InputError for a schema that cannot be compiled."""
+    def json_grammar(self, schema: dict) -> Grammar:
+        """A request's grammar of JSON replies following ``schema`` on the runtime's model;
+        InputError for a schema that cannot be compiled."""
         return Grammar.for_schema(self.model, schema)
 
     def generation(self, prompt: list[int], max_tokens: int, request_id: str = "r0",

@@ -41,7 +41,7 @@ from adaspark_core.base.sampling import Sampling
 from adaspark_core.candidates.memory import NgramMemory
 from adaspark_core.decode.arms import Arm, parse_arm
 from adaspark_core.decode.generation import Generation
-from adaspark_core.decode.grammar import Grammar, follows_schema
+from adaspark_core.decode.grammar import ANY_OBJECT, Grammar, follows_schema
 from adaspark_core.evaluate.answer import Answer, trace_point
 from adaspark_core.evaluate.peer import LlamaServerArm, draft_model_path
 from adaspark_core.evaluate.testset import Conversation, user_message
@@ -98,7 +98,7 @@ def reply_schema(conv: Conversation) -> dict | None:
     schema, any object for ``json_object``); None for free text."""
     if conv.response_format is None:
         return None
-    return (conv.response_format.get("json_schema") or {}).get("schema") or {"type": "object"}
+    return (conv.response_format.get("json_schema") or {}).get("schema") or ANY_OBJECT
 
 
 def system_messages(conv: Conversation) -> list[dict]:

@@ -218,7 +218,7 @@ class Decoder:
         """The request's prompt tokens, token budget and reply grammar (``response_format``), or
         the APIError that refuses it."""
         rt, req = self.rt, job.req
-        schema, param = (req.response_format.schema, "response_format") if req.response_format.json else (None, None)
+        schema, param = req.json_schema, "response_format"
         if req.chat:
             try:
                 plan = prepare(req.tools, rt.model, req.parallel_tool_calls)
@@ -238,7 +238,7 @@ class Decoder:
         if not req.chat and isinstance(req.prompt, list) and max(prompt) >= rt.target.n_vocab:
             raise api.bad("prompt", f"token id {max(prompt)} is outside the vocabulary ({rt.target.n_vocab})")
         grammar = None
-        if param is not None:
+        if schema is not None:
             try:
                 grammar = rt.json_grammar(schema)
             except InputError as e:

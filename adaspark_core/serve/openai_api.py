@@ -27,6 +27,7 @@ import orjson
 
 from adaspark_core.base import sampling
 from adaspark_core.base.sampling import Sampling
+from adaspark_core.decode.grammar import ANY_OBJECT
 from adaspark_core.serve.service import INTERRUPTED, Reply
 from adaspark_core.serve.stdin_api import normalize_messages, reply_cap, stop_strings
 from adaspark_core.serve.tool_calls import ToolError, ToolRequest, openai_calls, read_tools
@@ -56,19 +57,6 @@ def bad(param: str, message: str, code: str | None = None) -> APIError:
 
 
 @dataclass(frozen=True)
-class ResponseFormat:
-    """What a reply must be: ``text`` (anything), or JSON (``json_object``: any object;
-    ``json_schema``: one following ``schema``), decoded under its grammar."""
-
-    type: str = "text"
-    schema: dict | None = None
-
-    @property
-    def json(self) -> bool:
-        return self.type != "text"
-
-
-@dataclass(frozen=True)
 class CompletionRequest:
     chat: bool  # /v1/chat/completions (messages) or /v1/completions (prompt)
     messages: list[dict] | None
@@ -80,7 +68,7 @@ class CompletionRequest:
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage
     tools: ToolRequest = ToolRequest()  # the functions the model may call, and the choice
     parallel_tool_calls: bool = True  # false: at most one call a reply
-    response_format: ResponseFormat = ResponseFormat()  # text, or JSON under a grammar
+    json_schema: dict | None = None  # response_format's: the reply is JSON under its grammar; None: text
 
 
 # --- reading a request ----------------------------------------------------------------------------
@@ -138,12 +126,12 @@ def parse(raw: bytes, chat: bool, default_temperature: float = 0.0) -> Completio
     if chat:
         _neutral(body, "logprobs", (False,), "no log probabilities")
         _neutral(body, "top_logprobs", (0,), "no log probabilities")
-        response_format = _response_format(body.get("response_format"))
+        json_schema = _response_format(body.get("response_format"))
         try:
             tools = read_tools(body.get("tools"), body.get("tool_choice"))
         except ToolError as e:
             raise bad(e.param, str(e)) from None
-        if response_format.json and tools.on:
+        if json_schema is not None and tools.on:
             raise bad("response_format", "response_format JSON with tools is not supported: a reply is either "
                                          "tool calls or JSON (use tool_choice none, or no response_format)")
         if body.get("parallel_tool_calls") is not None and not isinstance(body["parallel_tool_calls"], bool):
@@ -163,7 +151,7 @@ def parse(raw: bytes, chat: bool, default_temperature: float = 0.0) -> Completio
         _neutral(body, "echo", (False,), "the reply alone is returned")
         _neutral(body, "suffix", ("",), "no insertion")
         _neutral(body, "best_of", (1,), "one candidate per request")
-        messages, tools, response_format = None, ToolRequest(), ResponseFormat()
+        messages, tools, json_schema = None, ToolRequest(), None
         prompt = _prompt(body.get("prompt"))
         max_tokens = _reply_cap(body, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
     stream = body.get("stream")
@@ -171,19 +159,20 @@ def parse(raw: bytes, chat: bool, default_temperature: float = 0.0) -> Completio
         raise bad("stream", "stream must be true or false")
     return CompletionRequest(chat, messages, prompt, max_tokens, _stops(body.get("stop")),
                              _sampling(body, default_temperature), bool(stream), _include_usage(body), tools,
-                             body.get("parallel_tool_calls") is not False, response_format)
+                             body.get("parallel_tool_calls") is not False, json_schema)
 
 
 _SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
-def _response_format(v) -> ResponseFormat:
-    """OpenAI's ``response_format``: {"type": "text"}, {"type": "json_object"} (with llama.cpp's
-    extension, a ``schema`` beside it) or {"type": "json_schema", "json_schema": {"name",
-    "schema", "strict", "description"}}. A schema is compiled later, on the model's vocabulary
-    (a schema the grammar engine refuses is a 400 then)."""
+def _response_format(v) -> dict | None:
+    """The JSON schema OpenAI's ``response_format`` asks the reply to follow (None: text):
+    {"type": "text"}, {"type": "json_object"} (any object; with llama.cpp's extension, a
+    ``schema`` beside it) or {"type": "json_schema", "json_schema": {"name", "schema", "strict",
+    "description"}}. A schema is compiled later, on the model's vocabulary (a schema the grammar
+    engine refuses is a 400 then)."""
     if v is None:
-        return ResponseFormat()
+        return None
     where = "response_format"
     if not isinstance(v, dict) or v.get("type") not in ("text", "json_object", "json_schema"):
         raise bad(where, 'response_format must be {"type": "text"}, {"type": "json_object"} or '
@@ -193,7 +182,7 @@ def _response_format(v) -> ResponseFormat:
     if extra := sorted(set(v) - allowed):
         raise bad(where, f"response_format of type {kind} has no field {extra[0]}")
     if kind == "text":
-        return ResponseFormat()
+        return None
     if kind == "json_object":
         schema = v.get("schema")
     else:
@@ -211,7 +200,7 @@ def _response_format(v) -> ResponseFormat:
         schema = spec.get("schema")
     if schema is not None and not isinstance(schema, dict):
         raise bad(where, "the response_format's schema must be a JSON object")
-    return ResponseFormat(kind, schema)
+    return schema or ANY_OBJECT
 
 
 def _prompt(v) -> str | list[int]:

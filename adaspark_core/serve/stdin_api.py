@@ -21,6 +21,7 @@ import orjson
 
 from adaspark_core.base import sampling
 from adaspark_core.base.sampling import Sampling
+from adaspark_core.decode.grammar import ANY_OBJECT
 
 FIELDS = ("id", "prompt", "messages", "max_tokens", "stream", "stop", "json_schema", *sampling.FIELDS)
 ROLES = ("system", "user", "assistant", "tool")
@@ -48,8 +49,7 @@ class Request:
     stream: bool
     stops: tuple[str, ...] = ()
     sampling: Sampling | None = None  # None: greedy
-    json: bool = False  # the reply is JSON under ``schema``'s grammar (decode/grammar.py)
-    schema: dict | None = None  # None with ``json``: any object (``"json_schema": {}``)
+    json_schema: dict | None = None  # the reply is JSON under its grammar (decode/grammar.py); None: text
 
     @property
     def name(self) -> str:
@@ -102,7 +102,7 @@ def parse_request(line: bytes | str, default_max_tokens: int, number: int) -> Re
     schema = obj.get("json_schema")
     if schema is not None and not isinstance(schema, dict):
         raise RequestError("json_schema must be a JSON schema object ({} for any object)", rid)
-    return Request(rid, prompt, messages, max_tokens, stream, stops, how, schema is not None, schema or None)
+    return Request(rid, prompt, messages, max_tokens, stream, stops, how, None if schema is None else schema or ANY_OBJECT)
 
 
 def reply_cap(name: str, v) -> int:

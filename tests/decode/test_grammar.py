@@ -14,7 +14,7 @@ from adaspark_core.base.sampling import Sampling
 from adaspark_core.base.tree import ANCHOR, FORCED, NGRAM, Candidate
 from adaspark_core.decode.arms import parse_arm
 from adaspark_core.decode.generation import run
-from adaspark_core.decode.grammar import Grammar, follows_schema
+from adaspark_core.decode.grammar import ANY_OBJECT, Grammar, follows_schema
 from adaspark_core.engine.simlm import EOG, SimModel
 from adaspark_core.evaluate.replay import replay
 from adaspark_core.learn.learned import Learners
@@ -162,7 +162,7 @@ def test_a_reply_follows_its_schema_whoever_wrote_it():
                 '{"name":"\\ud800","tags":[],"size":3,"ok":true}', '{"name":"ab","tags":[],"size":NaN,"ok":true}',
                 "", "abc"):
         assert not follows_schema(bad, SCHEMA), bad
-    assert follows_schema('{"any": [1, {"b": null}]}', None) and not follows_schema("[1]", None)
+    assert follows_schema('{"any": [1, {"b": null}]}', ANY_OBJECT) and not follows_schema("[1]", ANY_OBJECT)
     jsonschema.validate(json.loads(ok), SCHEMA)
 
 
