@@ -145,15 +145,23 @@ class Grammar:
             return token in self.ends
         return self.matcher.validate_tokens([token]) == 1
 
-    def allowed(self) -> np.ndarray:
-        """The mask of the tokens that may come next, one bool per vocabulary entry."""
+    def compute_mask(self) -> None:
+        """The mask of the tokens that may come next, packed 32 to a word (``masked``,
+        ``allowed`` and ``only_token`` read it)."""
         self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+
+    def masked(self, token: int) -> bool:
+        """Whether the last mask allows ``token`` (one bit read: no vocabulary-wide array)."""
+        return bool((int(self._bits[token >> 5]) >> (token & 31)) & 1)
+
+    def allowed(self) -> np.ndarray:
+        """The last mask, one bool per vocabulary entry."""
         bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
         return bits[: self.n_vocab].astype(bool)
 
     def only_token(self) -> int | None:
         """The one token that may come next, None where there are several (or none)."""
-        self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        self.compute_mask()
         words = np.flatnonzero(self._bits)
         if len(words) != 1:
             return None
@@ -268,8 +276,9 @@ class GrammarRows:
             if not self._step_to(row):  # below an end token: never emitted (stop_cut)
                 t = raw if raw is not None else -1
             else:
-                allowed = self.grammar.allowed()
-                t = raw if raw is not None and allowed[raw] else self.pick(row, allowed)
+                g = self.grammar
+                g.compute_mask()
+                t = raw if raw is not None and g.masked(raw) else self.pick(row, g.allowed())
             self._got[row] = t
         return t
 

@@ -37,6 +37,7 @@ def _check_constrained(lm, schema, prompt, reply, finish) -> int:
     g = Grammar.for_schema(lm, schema)
     near = 0
     for i, tok in enumerate(reply + ([None] if finish == "stop" else [])):
+        g.compute_mask()
         allowed = g.allowed()
         row = np.where(allowed, logits[len(prompt) + i - 1], -np.inf)
         best = int(np.argmax(row))
