@@ -4,6 +4,7 @@ the paper's statistics (adaspark_core/evaluate/stats.py) as tables, a PNG and a 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import platform
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -27,6 +28,7 @@ from adaspark_core.evaluate import compare as cmp
 from adaspark_core.evaluate import testset, tracesim
 from adaspark_core.evaluate.json_workload import extraction_set
 from adaspark_core.evaluate.stats import summarize
+from adaspark_core.serve.tool_calls import format_of, openai_reply
 from adaspark_core.store.fingerprint import fingerprint
 
 RESULTS = "compare.json"
@@ -60,6 +62,7 @@ def compare(
     min_p: float = console.MIN_P,
     seed: int = typer.Option(0, "--seed", callback=console.seed_in_range, help="Sampling: the seed every arm samples with (so arms sample the same text)."),
     reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix", help="Prefill only what follows the KV the last reply left (the AdaSpark arms; decode speed is timed after the prefill either way)."),
+    chat_template_file: Optional[Path] = console.CHAT_TEMPLATE_FILE,
 ) -> None:
     """Run arms side by side over the same conversations.
 
@@ -77,7 +80,8 @@ def compare(
         if out is not None:  # found unwritable now, not after the whole run
             landing(out / RESULTS)
         with Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter, block=block,
-                                          draft_top_k=draft_top_k, reuse_prefix=reuse_prefix)) as rt:
+                                          draft_top_k=draft_top_k, reuse_prefix=reuse_prefix,
+                                          chat_template=console.chat_template(chat_template_file))) as rt:
             names, replies = _run(rt, arms, convs, max_tokens, repeat, warm, logs, memory_mb, warm_convs, how,
                                   schemas=json_workload)
             turns, skipped = sum(len(c.turns) for c in convs), cmp.left_out(convs, replies, names[0])
@@ -157,11 +161,18 @@ def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int,
     try:
         with tqdm(total=cmp.steps(convs, arm_list, warm, warm_convs), desc="compare", unit="reply", file=sys.stderr,
                   disable=None) as bar:
-            replies = cmp.run(convs, arm_list, lm.chat_prompt, target.n_ctx, max_tokens, repeat,
+            replies = cmp.run(convs, arm_list, chat(lm), target.n_ctx, max_tokens, repeat,
                               progress=bar.update, warm=warm, log_dir=logs, warm_convs=warm_convs)
     finally:
         cmp.close_arms(arm_list)  # stop the llama-server peers
     return [a.name for a in arm_list], replies
+
+
+def chat(lm) -> cmp.Chat:
+    """The model's chat template, and where it takes tools, the server's way with them: a tool
+    conversation's tools and calls go through the template and calls are read in its format."""
+    fmt = format_of(lm.chat_template) if lm.takes_tools() else None
+    return cmp.Chat(lm.chat_prompt, None if fmt is None else functools.partial(openai_reply, fmt=fmt))
 
 
 def load_workload(sets: Optional[List[Path]], which: str, max_turns: Optional[int] = None,

@@ -189,6 +189,10 @@ def tables(summary: dict, digits: int = 2) -> str:
         out.append("\nReplies under a JSON schema: those that parse and follow it, and those that reached the cap")
         out.append(_table([["json valid"] + [_frac(jv[a]["valid"], jv[a]["replies"]) for a in jv],
                            ["capped"] + [jv[a]["capped"] for a in jv]], ["replies"] + list(jv)))
+    tc = s.get("tool_calls") or {}
+    if tc:
+        out.append("\nReplies in tool conversations, and those that call a tool")
+        out.append(_table([["calling"] + [_frac(tc[a]["calling"], tc[a]["replies"]) for a in tc]], ["replies"] + list(tc)))
     return "\n".join(out) + "\n"
 
 

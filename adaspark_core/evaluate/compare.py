@@ -15,6 +15,10 @@ against its schema (``json_valid``).
 
 A tool turn (ToolACE) gives two timed replies when the model calls a tool: the call, then the answer
 after the recorded result is returned as a ``tool`` message; a reply that calls nothing ends the turn.
+Where the model's chat template takes tools (``Chat.calls``: its call format), a conversation's tools
+and calls go through the template and the reply's calls are read with the server's parser, as
+``adaspark serve`` and llama-server ``--jinja`` do (``tool_calls`` counts the replies whose calls
+parse); otherwise the tools are listed in a system message and a call is told by its look.
 
 Every reply also keeps its delta trace, ``[[tokens so far, seconds since the first delta], ...]`` on
 the client clock (our arms' led by the decode's start, ``[0, seconds before the first delta]``),
@@ -102,12 +106,54 @@ def reply_schema(conv: Conversation) -> dict | None:
 
 
 def system_messages(conv: Conversation) -> list[dict]:
-    """The tools a conversation offers, as a system message every arm sees alike."""
+    """The tools a conversation offers, as a system message every arm sees alike (for a chat
+    template that takes no tools)."""
     if not conv.tools:
         return []
     schemas = orjson.dumps(conv.tools).decode()
     return [{"role": "system", "content": "You can call these tools. To call one, reply with a JSON object "
              f'{{"name": ..., "arguments": {{...}}}}.\nTools: {schemas}'}]
+
+
+@dataclasses.dataclass(frozen=True)
+class Chat:
+    """How a conversation's messages become prompts and a reply's calls are read. ``render``: the
+    model's chat template, ``(messages)`` or, with tools, ``(messages, tools)`` to tokens.
+    ``calls``: where the template takes tools, the server's reader of a reply's calls (text to
+    content and OpenAI ``tool_calls``; the tools and calls then go through the template, as the
+    server renders them); None: tools as a system message, calls told by their look."""
+
+    render: Callable
+    calls: Callable[[str], tuple[str, list[dict]]] | None = None
+
+    def history(self, conv: Conversation) -> list[dict]:
+        """The messages before a conversation's first turn."""
+        return [] if self.calls is not None else system_messages(conv)
+
+    def prompt(self, conv: Conversation, messages: list[dict]) -> list[int]:
+        if self.calls is not None and conv.tools:
+            return self.render(messages, list(conv.tools))
+        return self.render(messages)
+
+    def read(self, conv: Conversation, text: str) -> tuple[dict, int | None]:
+        """(the reply as an assistant message, how many calls it makes: None outside a tool
+        conversation; without a reader, 1 for a reply that looks like a call). Read by the server's
+        reader, a reply keeps its first call only (``parallel_tool_calls: false``), the one the
+        recorded result answers."""
+        if not conv.tools:
+            return {"role": "assistant", "content": text}, None
+        if self.calls is None:
+            return {"role": "assistant", "content": text}, int(looks_like_tool_call(text))
+        content, calls = self.calls(text)
+        if not calls:
+            return {"role": "assistant", "content": text}, 0
+        return {"role": "assistant", "content": content or None, "tool_calls": calls[:1]}, len(calls)
+
+    def result(self, reply: dict, result) -> dict:
+        """The recorded tool result, as the message answering the reply's call."""
+        if "tool_calls" in reply:
+            return {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": str(result)}
+        return {"role": "tool", "content": str(result)}
 
 
 # --- arms -----------------------------------------------------------------------------------------
@@ -244,11 +290,12 @@ def close_arms(arms: list) -> None:
 # --- the run ----------------------------------------------------------------------------------------
 
 
-def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]], list[int]], n_ctx: int,
+def run(convs: list[Conversation], arms: list, chat_prompt: Callable[..., list[int]] | Chat, n_ctx: int,
         max_tokens: int, repeat: int = 1, progress: Callable[[], None] | None = None, warm: int = 0,
         log_dir: Path | None = None, warm_convs: list[Conversation] | None = None) -> list[dict]:
     """Every arm over every conversation; one record per (arm, conversation, turn, reply), in the
-    format adaspark_core/evaluate/stats.py reads. ``repeat``: replies are decoded that many times and the
+    format adaspark_core/evaluate/stats.py reads. ``chat_prompt``: a ``Chat``, or the model's chat
+    template alone (messages to tokens). ``repeat``: replies are decoded that many times and the
     median speed kept, with that run's trace (greedy decoding gives the same text each time).
 
     ``warm``: first run the learning arms (those with learners: adaspark, cost, pinned:N; a sampling
@@ -261,16 +308,17 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
     one arm, so ``adaspark replay`` drives one set of fresh learners through it, as the run did
     (after the warm log, if any). With ``log_dir`` the baseline's prompts and replies also go to
     ``traces.jsonl`` (``adaspark simulate``, tracesim.py)."""
+    chat = chat_prompt if isinstance(chat_prompt, Chat) else Chat(chat_prompt)
     learning = [a for a in arms if getattr(a, "learners", None) is not None]
     warmed = convs if warm_convs is None else warm_convs
     logs = _Logs(log_dir, [a for a in arms if isinstance(a, SchedulerArm)])
     try:
         if warm > 0 and learning:
             logs.open([a for a in learning if a in logs.arms], warm=True)
-            _warm_passes(warm, warmed, learning, chat_prompt, n_ctx, max_tokens, progress)
+            _warm_passes(warm, warmed, learning, chat, n_ctx, max_tokens, progress)
             logs.close()
         logs.open(logs.arms, warm=False)
-        records = _pass(convs, arms, chat_prompt, n_ctx, max_tokens, repeat, progress, "", logs.traces())
+        records = _pass(convs, arms, chat, n_ctx, max_tokens, repeat, progress, "", logs.traces())
     finally:
         logs.close()
     _mark_same_text(records, arms[0].name)
@@ -280,7 +328,7 @@ def run(convs: list[Conversation], arms: list, chat_prompt: Callable[[list[dict]
     return records
 
 
-def _warm_passes(warm: int, convs: list[Conversation], learning: list, chat_prompt, n_ctx: int, max_tokens: int,
+def _warm_passes(warm: int, convs: list[Conversation], learning: list, chat: Chat, n_ctx: int, max_tokens: int,
                  progress) -> None:
     """``warm`` untimed passes of the ``learning`` arms over ``convs`` (request ids ``warm<k>:...``),
     an arm that samples doing so at its own settings, with the seed ``warm_seed`` gives the pass."""
@@ -292,7 +340,7 @@ def _warm_passes(warm: int, convs: list[Conversation], learning: list, chat_prom
             for a, how in sampled:
                 if how is not None:
                     a.sampling = dataclasses.replace(how, seed=warm_seed(how.seed, k))
-            _pass(convs, learning, chat_prompt, n_ctx, max_tokens, 1, progress, f"warm{k + 1}:")
+            _pass(convs, learning, chat, n_ctx, max_tokens, 1, progress, f"warm{k + 1}:")
     finally:
         for a, how in sampled:
             a.sampling = how
@@ -353,13 +401,13 @@ def steps(convs: list[Conversation], arms: list, warm: int = 0, warm_convs: list
     return turns * len(arms) + warm * learning * warm_turns
 
 
-def _pass(convs: list[Conversation], arms: list, chat_prompt, n_ctx: int, max_tokens: int, repeat: int,
+def _pass(convs: list[Conversation], arms: list, chat: Chat, n_ctx: int, max_tokens: int, repeat: int,
           progress, tag: str, traces: Path | None = None) -> list[dict]:
     """One pass of ``arms`` over the workload; ``tag`` prefixes the request ids. ``traces``: the
     file the first arm's prompts and replies are appended to."""
     records: list[dict] = []
     for ci, conv in enumerate(convs):
-        history = {a.name: system_messages(conv) for a in arms}
+        history = {a.name: chat.history(conv) for a in arms}
         schema = reply_schema(conv)
         alive = {a.name: True for a in arms}
         for ti, turn in enumerate(conv.turns):
@@ -371,11 +419,12 @@ def _pass(convs: list[Conversation], arms: list, chat_prompt, n_ctx: int, max_to
                     continue
                 messages = history[arm.name] + [user_message(turn)]
                 for reply in (0, 1):
-                    prompt = chat_prompt(messages)
+                    prompt = chat.prompt(conv, messages)
                     if len(prompt) + max_tokens >= n_ctx:
                         alive[arm.name] = False  # the conversation no longer fits: it ends here
                         break
                     ans = _answer(arm, prompt, max_tokens, f"{tag}{conv.name}/{ti}/{reply}", repeat, schema)
+                    said, calls = chat.read(conv, ans.text)
                     if traces is not None and arm is arms[0]:
                         write_trace(traces, Trace(f"{conv.name}/{ti}/{reply}", conv.set, conv.name, ti, reply,
                                                   list(prompt), list(ans.tokens), ans.finish, ans.end, max_tokens))
@@ -383,11 +432,12 @@ def _pass(convs: list[Conversation], arms: list, chat_prompt, n_ctx: int, max_to
                                     "reply": reply, "tok_s": ans.tok_s, "tokens": len(ans.tokens),
                                     "capped": ans.finish == "length", "context": len(prompt), "finish": ans.finish,
                                     "widths": ans.widths, "text": ans.text, "trace": getattr(ans, "trace", None),
-                                    "json_valid": None if schema is None else follows_schema(ans.text, schema)})
-                    messages = messages + [{"role": "assistant", "content": ans.text}]
-                    if reply == 1 or turn.get("result") is None or not looks_like_tool_call(ans.text):
+                                    "json_valid": None if schema is None else follows_schema(ans.text, schema),
+                                    "tool_calls": calls})
+                    messages = messages + [said]
+                    if reply == 1 or turn.get("result") is None or not calls:
                         break
-                    messages = messages + [{"role": "tool", "content": str(turn["result"])}]
+                    messages = messages + [chat.result(said, turn["result"])]
                 history[arm.name] = messages
     return records
 

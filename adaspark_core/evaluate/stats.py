@@ -182,6 +182,9 @@ class Summary(TypedDict):
     # arm -> its replies under a JSON schema, those that follow it and those the cap cut:
     # {"replies", "valid", "capped"}; {} for a workload without schemas
     json_valid: dict[str, dict]
+    # arm -> its replies in tool conversations and those that call a tool (calls parsed in the
+    # template's format where it takes tools): {"replies", "calling"}; {} for a workload without tools
+    tool_calls: dict[str, dict]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -530,11 +533,14 @@ def summarize(replies: list[dict], arms: list[str], baseline: str = "ar", resamp
     under = {a: [r for r in replies if r["arm"] == a and r.get("json_valid") is not None] for a in arms}
     json_valid = {a: {"replies": len(v), "valid": sum(r["json_valid"] for r in v),
                       "capped": sum(1 for r in v if r.get("capped"))} for a, v in under.items() if v}
+    in_tools = {a: [r for r in replies if r["arm"] == a and r.get("tool_calls") is not None] for a in arms}
+    tool_calls = {a: {"replies": len(v), "calling": sum(1 for r in v if r["tool_calls"])}
+                  for a, v in in_tools.items() if v}
 
     return {"baseline": baseline, "arms": arms, "sources": sources, "bands": list(BANDS), "band_by": band_by,
             "resamples": resamples, "seed": seed, "looped": looped, "looped_any": looped_any, "speed": speed,
             "vs_baseline": vs, "widths": widths, "pinned": pinned, "pld": pld, "best_fixed": best_fixed,
-            "first_n": first_n, "headline": headline, "json_valid": json_valid}
+            "first_n": first_n, "headline": headline, "json_valid": json_valid, "tool_calls": tool_calls}
 
 
 FIXED_PREFIXES = ("chain:", "pinned:", "tree:", "pld:", "llama:")

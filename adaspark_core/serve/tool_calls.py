@@ -302,6 +302,12 @@ def split_reply(text: str, fmt: ToolFormat) -> tuple[str, list[dict]]:
     return text[:at].rstrip(), calls
 
 
+def openai_reply(text: str, fmt: ToolFormat) -> tuple[str, list[dict]]:
+    """(content, OpenAI ``tool_calls``) of a whole reply, as a non-streamed response has them."""
+    content, calls = split_reply(text, fmt)
+    return content, openai_calls(calls)
+
+
 class ToolStream:
     """A streamed reply's text held back where a call may begin: ``feed`` returns the content that
     can go out now (never the start of a call, nor what may still become one), ``finish`` the rest

@@ -2,19 +2,26 @@
 then the whole command on the default model with a tiny workload. The statistics themselves are
 tested in test_stats.py."""
 
+import functools
+
 import orjson
 import pytest
 from conftest import NEAR_TIE, PROMPTS, SIM, TESTSET
 from helpers import adaspark, assert_one_error_line
 
 from adaspark_core.evaluate import compare as cmp
+from adaspark_core.evaluate.stats import summarize
 from adaspark_core.evaluate.testset import Conversation, load
+from adaspark_core.serve.tool_calls import format_of, openai_reply
 
 
 def conv(name, kind, n_turns, set_="s", result=None):
     turns = tuple({"kind": kind, "type": "first" if i == 0 else "continued", "text": f"{name} turn {i}",
                    **({"result": result} if result and i == 0 else {})} for i in range(n_turns))
-    return Conversation(set_, name, kind, turns)
+    return Conversation(set_, name, kind, turns, TOOLS if result else ())
+
+
+TOOLS = ({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}},)
 
 
 def test_the_papers_subsets():
@@ -70,6 +77,35 @@ def test_each_arm_carries_its_own_history_and_tool_turns_give_two_replies():
     by = {(r["arm"], r["conversation"], r["turn"], r["reply"]): r for r in recs}
     assert by[("x", "c0", 0, 0)]["same_text_as_baseline"] is False and by[("ar", "c0", 0, 0)]["same_text_as_baseline"] is None
     assert by[("x", "tools", 0, 1)]["context"] > by[("x", "tools", 0, 0)]["context"]
+
+
+def test_a_template_with_tools_gets_them_and_the_parsed_call_is_answered_by_its_id():
+    """Where the template takes tools, they and the calls go through it (as the server renders
+    them), the call is read with the server's parser, and the result answers it by id."""
+    rendered = []
+
+    def render(messages, tools=None):
+        rendered.append((messages, tools))
+        return [1] * sum(len(orjson.dumps(m)) for m in messages)
+
+    fmt = format_of("{{ '<tool_call>' }}")
+    chat = cmp.Chat(render, functools.partial(openai_reply, fmt=fmt))
+    caller = FakeArm("x", "no call")
+    caller.text_for_call = 'Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    caller.answer = lambda prompt, max_tokens, request_id: cmp.Answer(
+        [1] * 5, caller.text_for_call if request_id.endswith("/0/0") else "It is 3.", 100.0, "stop", {"1": 5})
+    talker = FakeArm("ar", '{"name": "f", "arguments": {}} is not in the template\'s format')
+    recs = cmp.run([conv("tools", "tools", 2, result='{"price": 3}')], [talker, caller], chat, 10_000, 8)
+    by = {(r["arm"], r["turn"], r["reply"]): r for r in recs}
+    assert by[("x", 0, 0)]["tool_calls"] == 1 and by[("ar", 0, 0)]["tool_calls"] == 0
+    assert ("x", 0, 1) in by and ("ar", 0, 1) not in by  # only a parsed call gets its result
+    assert all(tools == list(TOOLS) for _, tools in rendered) and all(m[0]["role"] == "user" for m, _ in rendered)
+    answered = next(m for m, _ in rendered if len(m) == 3)
+    said, result = answered[1], answered[2]
+    assert said["content"] == "Sure." and said["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
+    assert result == {"role": "tool", "tool_call_id": said["tool_calls"][0]["id"], "content": '{"price": 3}'}
+    summary = summarize(recs, ["ar", "x"], baseline="ar", resamples=100)
+    assert summary["tool_calls"] == {"ar": {"replies": 2, "calling": 0}, "x": {"replies": 3, "calling": 1}}
 
 
 def test_a_conversation_that_outgrows_the_context_ends_for_that_arm():

@@ -258,8 +258,8 @@ def test_summarize_shape_and_counts():
     json.dumps(s, allow_nan=False)
     assert set(s) == {"baseline", "arms", "sources", "bands", "band_by", "resamples", "seed", "looped", "looped_any",
                       "speed", "vs_baseline", "widths", "pinned", "pld", "best_fixed", "first_n", "headline",
-                      "json_valid"}
-    assert s["json_valid"] == {}  # no reply under a JSON schema
+                      "json_valid", "tool_calls"}
+    assert s["json_valid"] == {} and s["tool_calls"] == {}  # no reply under a JSON schema, none with tools
     assert s["headline"] == "uncapped"  # no record has a trace: the paper's ratio is all there is
     assert s["arms"] == ["ar", "chain:3", "adaspark", "pinned:8", "pinned:16", "pld:2", "pld:4"]  # tree:16 absent
     assert s["sources"] == ["specbench", "longbench", "toolace"]
