@@ -26,7 +26,7 @@ from adaspark_core.candidates.base import PicksOnly, Proposer, propose_round
 from adaspark_core.candidates.memory import NgramMemory
 from adaspark_core.candidates.ngram import KeptIndexes, NgramSource
 from adaspark_core.decode.arms import Arm, Speculation
-from adaspark_core.decode.grammar import Grammar
+from adaspark_core.decode.grammar import Grammar, LazyGrammar
 from adaspark_core.decode.round import (
     CONTEXT,
     INTERRUPTED,
@@ -154,7 +154,7 @@ class Generation:
         memory: NgramMemory | None = None,
         remember: bool = True,
         kept_indexes: KeptIndexes | None = None,
-        grammar: Grammar | None = None,
+        grammar: Grammar | LazyGrammar | None = None,
     ):
         self.spec = Speculation.of(spec)
         arm = self.spec.arm
@@ -174,8 +174,11 @@ class Generation:
         self.sampling = sampling
         # A reply under a ``grammar`` (structured output, decode/grammar.py) takes at each row the
         # target's best token among those the grammar allows; its rounds lead with the tokens the
-        # grammar alone allows and verify no candidate it forbids.
-        self.grammar = grammar
+        # grammar alone allows and verify no candidate it forbids. A ``LazyGrammar`` (tool calls
+        # under ``tool_choice: auto``) holds the reply only from a call's opening to its end:
+        # ``self.grammar`` is then the grammar of the round to come, None while the reply is free.
+        self.lazy = grammar if isinstance(grammar, LazyGrammar) else None
+        self.grammar = None if self.lazy is not None else grammar
         self.seed = (sampling.seed if sampling.seed is not None else secrets.randbits(63)) if sampling else None
         self._sampling_json = None if sampling is None else {
             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
@@ -335,10 +338,14 @@ class Generation:
             path_rows, bonus = tree.accept_walk(lay, drawn)
             ver.argmax = drawn.as_list()
         accepted = [lay.token[r] for r in path_rows] + [bonus]
+        if self.lazy is not None:
+            accepted = self.lazy.cut(accepted, self.grammar)
         n_commit, finish = stop_cut(accepted, target.is_eog, self.max_tokens - len(self.tokens))
         committed = accepted[:n_commit]
         if self.grammar is not None:
             self.grammar.commit(committed)
+        if self.lazy is not None:
+            self.grammar = self.lazy.after(committed, self.grammar)
         commit_ms = target.commit(lay, path_rows[: n_commit - 1], committed[-1])
         verified = [plan.cands[j] for j in lay.cand[1:]]
         on_path = [plan.cands[lay.cand[r]] for r in path_rows]
@@ -436,7 +443,7 @@ class Generation:
 
 
 def _check_request(target: Target, arm: Arm, prompt: list[int], max_tokens: int, drafter: Proposer | None,
-                   sampling: Sampling | None, grammar: Grammar | None) -> None:
+                   sampling: Sampling | None, grammar: Grammar | LazyGrammar | None) -> None:
     """InputError unless ``target`` can decode this request with ``arm``."""
     if sampling is not None and not hasattr(target, "row_logits"):
         raise InputError("this target gives no distribution to sample from: use temperature 0")

@@ -44,6 +44,12 @@ DIGITS_BOUND = 10**16 - 1
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 
 
+# A lazy grammar's JSON (tool calls under ``auto``) keeps the model's own whitespace between its
+# tokens, bounded as llama.cpp's schema converter bounds it: none, a space, or a newline and at
+# most 20 spaces or tabs of indentation.
+LAZY_JSON_OPTIONS = {"whitespace_pattern": "( |\n[ \t]{0,20})?"}
+LAZY_WINDOW = 256  # bytes of free text a lazy grammar keeps: a call's opening is within its last ones
+
 # OpenAI's ``json_object``: any JSON object.
 ANY_OBJECT = {"type": "object"}
 
@@ -246,6 +252,21 @@ class Grammar:
         visit(ANCHOR)
         return sorted(kept), tails
 
+    def complete_after(self, tokens: list[int]) -> int | None:
+        """How many of ``tokens`` the grammar takes until it accepts (a lazy grammar's object or
+        list closed), or None if it does not within them. The matcher is left where it was."""
+        taken = 0
+        try:
+            for t in tokens:
+                if t in self.ends or not self.matcher.consume_token(t):
+                    return None
+                taken += 1
+                if self.matcher.is_accepting():
+                    return taken
+            return None
+        finally:
+            self.matcher.rollback(taken)
+
     def rows(self, lay: Layout, pick: Callable[[int, np.ndarray], int], raw: list[int] | None) -> "GrammarRows":
         """The verify's token per row under the grammar, for the accept walk (``GrammarRows``)."""
         return GrammarRows(self, lay, pick, raw)
@@ -313,3 +334,64 @@ class GrammarRows:
         """The token per row the walk read; the raw argmax (greedy) or -1 (sampled) elsewhere."""
         rest = self.raw if self.raw is not None else [-1] * len(self.lay.token)
         return [self._got.get(r, rest[r]) for r in range(len(self.lay.token))]
+
+
+class LazyGrammar:
+    """A grammar over part of a reply, as llama.cpp's lazy grammars hold the tool calls of
+    ``tool_choice: auto``: the reply is free until ``opens`` finds where a held value begins in
+    its free text (a call's JSON after its opening, e.g. ``<tool_call>`` or a fenced
+    ``{"name"``), then held to a JSON value following ``schema`` until that value is complete,
+    then free again, until the next opening. The held value keeps the model's own whitespace
+    (Qwen2.5 indents its calls), bounded (``LAZY_JSON_OPTIONS``).
+
+    A round is either held or free throughout. The free round in which an opening is found ends
+    with the token that completes it (the rows after it were read without the grammar), and the
+    held round in which the value completes ends with its last token (the row after it was read
+    under a grammar that allows nothing more), so every emitted token is the target's choice under
+    the grammar that holds at its place. The value's text written before the opening was found
+    (``{"name"``) is handed to the grammar when it starts. The value is complete where the grammar
+    first accepts: a call is an object (or Mistral's list), complete at its closing bracket. ``Generation`` asks ``cut`` for a
+    round's end and ``after`` for the grammar of the next round."""
+
+    def __init__(self, model, opens: Callable[[str], int | None], schema: dict):
+        self.model, self.opens = model, opens
+        # The value, then the whitespace a model writes in the value's last token (``}\n``): held
+        # to ``}`` alone, a model reads a split it never wrote and may end the reply there.
+        body = {**_bounded(schema), "x-guidance": LAZY_JSON_OPTIONS}
+        self.grammar = f"%llguidance {{}}\nstart: value TAIL\nTAIL: /[ \\t\\r\\n]{{0,4}}/\nvalue: %json {json.dumps(body)}"
+        self._free = b""  # the free text since the last held value, its last LAZY_WINDOW bytes
+        self._start()  # compiled once now: a schema it cannot take is refused with the request
+
+    def _start(self) -> Grammar:
+        return Grammar(self.model.grammar_tokenizer(), self.grammar, self.model.n_vocab)
+
+    def _opening(self, tokens: list[int]) -> tuple[int | None, str, bytes]:
+        """Where free ``tokens`` open a held value: (how many of them up to the one that completes
+        the opening, the value's text so far, the free text then: none); else (None, "", the free
+        text after them)."""
+        free = self._free
+        for i, t in enumerate(tokens):
+            free += self.model.piece(t)
+            text = free.decode(errors="replace")
+            if (at := self.opens(text)) is not None:
+                return i + 1, text[at:], b""
+        return None, "", free[-LAZY_WINDOW:]
+
+    def cut(self, accepted: list[int], held: Grammar | None) -> list[int]:
+        """The start of a round's ``accepted`` tokens that it may emit: up to the opening in a free
+        round, up to the held value's end in a held one."""
+        end = held.complete_after(accepted) if held is not None else self._opening(accepted)[0]
+        return accepted if end is None else accepted[:end]
+
+    def after(self, committed: list[int], held: Grammar | None) -> Grammar | None:
+        """The grammar of the next round, once ``committed`` joined the reply (``held`` has read them)."""
+        if held is not None:
+            return None if held.matcher.is_accepting() else held
+        end, value, self._free = self._opening(committed)
+        if end is None:
+            return None
+        grammar = self._start()
+        spelled = self.model.tokenize(value, special=False, add_bos=False) if value else []
+        if "\ufffd" in value or not grammar.matcher.consume_tokens(spelled):
+            return None  # what the value began with already breaks the schema: the reply stays free
+        return grammar

@@ -29,7 +29,7 @@ from adaspark_core.candidates.memory_file import save as save_memory
 from adaspark_core.candidates.ngram import KeptIndexes
 from adaspark_core.decode.arms import Arm, Speculation
 from adaspark_core.decode.generation import Generation
-from adaspark_core.decode.grammar import Grammar
+from adaspark_core.decode.grammar import Grammar, LazyGrammar
 from adaspark_core.engine import simlm
 from adaspark_core.learn.learned import Learners
 from adaspark_core.store.fingerprint import fingerprint, fingerprint_key
@@ -186,14 +186,20 @@ class Runtime:
         InputError for a schema that cannot be compiled."""
         return Grammar.for_schema(self.model, schema)
 
+    def lazy_grammar(self, opens: Callable[[str], int | None], schema: dict) -> LazyGrammar:
+        """A request's grammar of JSON values following ``schema`` from each place ``opens`` finds
+        one begun in its reply (tool calls under ``auto``); InputError for a schema it cannot compile."""
+        return LazyGrammar(self.model, opens, schema)
+
     def generation(self, prompt: list[int], max_tokens: int, request_id: str = "r0",
-                   sampling: Sampling | None = None, target=None, grammar: Grammar | None = None) -> Generation:
+                   sampling: Sampling | None = None, target=None,
+                   grammar: Grammar | LazyGrammar | None = None) -> Generation:
         """One request on the runtime's arm, learners, drafter and log. A simulated target brings
         its virtual clock; a real one is timed on the wall clock. A sampled request (``sampling``)
         speculates as a greedy one does, with draws speculation cannot change (sampling.py), and
         learns into the sampled regime's learners (Learners.regime). ``target``: the slot it
         decodes in (one of ``slots``), by default the runtime's target. ``grammar``: its reply's
-        (structured output, ``json_grammar``)."""
+        (structured output, ``json_grammar``; tool calls under ``auto``, ``lazy_grammar``)."""
         clock = getattr(self.target, "clock", time.perf_counter)
         learners = self.learners.regime(sampling is not None) if self.learners is not None else None
         return Generation(target or self.target, prompt, self.spec, max_tokens, request_id=request_id,

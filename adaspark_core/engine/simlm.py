@@ -58,8 +58,8 @@ class SimModel:
         self.n_vocab = BYTE0 + 256
         self._key = hashlib.sha256(f"adaspark-simlm:{name}".encode()).digest()[:16]
 
-    def tokenize(self, text: str, special: bool = True) -> list[int]:
-        return [b + BYTE0 for b in text.encode("utf-8")]
+    def tokenize(self, text: str, special: bool = True, add_bos: bool | None = None) -> list[int]:
+        return [b + BYTE0 for b in text.encode("utf-8")]  # no BOS, no special tokens
 
     def takes_tools(self) -> bool:
         return False

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from adaspark_core.base.errors import InputError
-from adaspark_core.decode.grammar import Grammar
+from adaspark_core.decode.grammar import Grammar, LazyGrammar
 from adaspark_core.decode.runtime import Runtime
 from adaspark_core.serve import openai_api as api
 from adaspark_core.serve.service import BatchServer, Reply, keep, serve_request
@@ -214,19 +214,19 @@ class Decoder:
         if outcome is not None:
             job.emit("done" if isinstance(outcome, Reply) else "error", outcome)
 
-    def _prompt(self, job: Job) -> tuple[list[int], int, Grammar | None]:
+    def _prompt(self, job: Job) -> tuple[list[int], int, Grammar | LazyGrammar | None]:
         """The request's prompt tokens, token budget and reply grammar (``response_format``), or
         the APIError that refuses it."""
         rt, req = self.rt, job.req
-        schema, param = req.json_schema, "response_format"
+        schema, param, opens = req.json_schema, "response_format", None
         if req.chat:
             try:
                 plan = prepare(req.tools, rt.model, req.parallel_tool_calls)
             except ToolError as e:
                 raise api.bad(e.param, str(e)) from None
             job.tool_reply = plan.reply
-            if plan.call_schema is not None:  # a required call: its grammar
-                schema, param = plan.call_schema, "tools"
+            if plan.call_schema is not None:  # a required call's grammar, or (auto) its calls' lazy one
+                schema, param, opens = plan.call_schema, "tools", plan.opens
             prompt = rt.chat(req.messages, plan.tools, plan.reply_start)
         else:
             prompt = list(req.prompt) if isinstance(req.prompt, list) else rt.tokens(req.prompt)
@@ -240,7 +240,7 @@ class Decoder:
         grammar = None
         if schema is not None:
             try:
-                grammar = rt.json_grammar(schema)
+                grammar = rt.json_grammar(schema) if opens is None else rt.lazy_grammar(opens, schema)
             except InputError as e:
                 raise api.bad(param, str(e)) from None
         return prompt, req.max_tokens or n_ctx, grammar

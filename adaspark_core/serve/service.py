@@ -15,7 +15,7 @@ from adaspark_core.base.errors import OutputError
 from adaspark_core.base.sampling import Sampling
 from adaspark_core.decode.batch import Batch
 from adaspark_core.decode.generation import Generation, Stats
-from adaspark_core.decode.grammar import Grammar
+from adaspark_core.decode.grammar import Grammar, LazyGrammar
 from adaspark_core.decode.round import INTERRUPTED, STOP
 from adaspark_core.decode.runtime import Runtime
 
@@ -85,7 +85,7 @@ def serve_request(rt: Runtime, prompt: list[int], max_tokens: int, name: str, *,
                   stops: Iterable[str] = (), sampling: Sampling | None = None,
                   on_text: Callable[[str], None] | None = None,
                   cancelled: Callable[[], bool] | None = None,
-                  on_warning: Callable[[str], None] | None = None, grammar: Grammar | None = None) -> Reply:
+                  on_warning: Callable[[str], None] | None = None, grammar: Grammar | LazyGrammar | None = None) -> Reply:
     """Decode one request (InputError before the first round if it cannot be served). Text goes
     to ``on_text`` as it is settled; ``cancelled()`` is asked after every round and ends the reply
     with finish ``interrupted``. The learned state is saved when the reply ends, however it ends
@@ -171,7 +171,8 @@ class BatchServer:
 
     def admit(self, prompt: list[int], max_tokens: int, name: str, *, stops: Iterable[str] = (),
               sampling: Sampling | None = None, on_text: Callable[[str], None] | None = None,
-              cancelled: Callable[[], bool] | None = None, grammar: Grammar | None = None) -> None:
+              cancelled: Callable[[], bool] | None = None,
+              grammar: Grammar | LazyGrammar | None = None) -> None:
         """Start a request in a free slot (its prompt goes in with the next steps); InputError if
         it cannot be served, the slot given back. A running request whose round cannot be logged
         meanwhile (Batch.learn_previous_rounds) fails, answered by the next ``step``."""

@@ -24,6 +24,7 @@ import json
 import re
 import secrets
 from dataclasses import dataclass, field
+from typing import Callable
 
 NONE, AUTO, REQUIRED, NAMED = "none", "auto", "required", "function"
 
@@ -67,6 +68,21 @@ class ToolFormat:
     def closing(self) -> str:
         """The markup after a lone call's object."""
         return {"hermes": "\n</tool_call>", "mistral": "]", "llama3": ""}[self.name]
+
+    def value_start(self, text: str) -> int | None:
+        """Where the JSON of the first call in ``text`` begins (past its markup), or None while no
+        call has begun: under ``auto`` a lazy grammar holds the reply from there (``calls_schema``),
+        as llama-server's does from the same openings."""
+        at = self.call_start(text)
+        if at < 0:
+            return None
+        return at + len("[TOOL_CALLS]") if self.name == "mistral" else text.index("{", at)
+
+    def calls_schema(self, functions: list[dict]) -> dict:
+        """The JSON schema of the value a call's opening begins: one call object (a list of them
+        after Mistral's ``[TOOL_CALLS]``)."""
+        one = self.call_schema(functions)
+        return {"type": "array", "minItems": 1, "items": one} if self.name == "mistral" else one
 
     def call_schema(self, functions: list[dict]) -> dict:
         """The JSON schema of one call object of these functions (OpenAI's ``function`` dicts):
@@ -249,12 +265,15 @@ class ToolReply:
 class ToolPlan:
     """What a chat request's tools make of its prompt and reply: the tools the template shows, the
     text the reply starts with, how its calls are read back (None: the reply is text) and the
-    schema of the one call the reply must be (None: the model chooses, ``auto``)."""
+    schema of its calls: without ``opens``, of the one call the reply must be (``required``, a
+    named function); with it (``auto``), of each call's JSON, which begins where ``opens`` finds it
+    in the reply's text (a lazy grammar, decode/grammar.LazyGrammar, as llama-server's for ``auto``)."""
 
     tools: list[dict] | None = None
     reply_start: str = ""
     reply: ToolReply | None = None
     call_schema: dict | None = None
+    opens: Callable[[str], int | None] | None = None
 
 
 def prepare(request: ToolRequest, model, parallel: bool = True) -> ToolPlan:
@@ -271,7 +290,8 @@ def prepare(request: ToolRequest, model, parallel: bool = True) -> ToolPlan:
         raise ToolError("tools", f"the chat template of {name} calls tools in a format this server does not read "
                         f"(it reads {', '.join(FORMATS)})")
     if request.choice == AUTO:
-        return ToolPlan(request.tools, "", ToolReply(fmt, "", parallel))
+        functions = [t["function"] for t in request.tools]
+        return ToolPlan(request.tools, "", ToolReply(fmt, "", parallel), fmt.calls_schema(functions), fmt.value_start)
     functions = [t["function"] for t in request.tools if request.forced in (None, t["function"]["name"])]
     return ToolPlan(request.tools, fmt.opening, ToolReply(fmt, fmt.opening, parallel, fmt.closing),
                     fmt.call_schema(functions))

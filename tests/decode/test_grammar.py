@@ -14,7 +14,7 @@ from adaspark_core.base.sampling import Sampling
 from adaspark_core.base.tree import ANCHOR, FORCED, NGRAM, Candidate
 from adaspark_core.decode.arms import parse_arm
 from adaspark_core.decode.generation import run
-from adaspark_core.decode.grammar import ANY_OBJECT, Grammar, follows_schema
+from adaspark_core.decode.grammar import ANY_OBJECT, Grammar, LazyGrammar, follows_schema
 from adaspark_core.engine.simlm import EOG, SimModel
 from adaspark_core.evaluate.replay import replay
 from adaspark_core.learn.learned import Learners
@@ -178,3 +178,72 @@ def test_an_unbounded_integer_has_at_most_16_digits_and_the_reply_ends(model):
               grammar=Grammar.for_schema(model, schema))
     assert gen.finish == "stop" and set(json.loads(_text(model, gen.tokens))) == {"n", "x"}
     assert schema["properties"]["n"] == {"type": "integer"}  # the caller's schema is left alone
+
+
+# --- a lazy grammar (tool calls under tool_choice auto) ------------------------------------------
+
+CALL = {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+        "properties": {"name": {"enum": ["get_weather", "get_time"]},
+                       "arguments": {"type": "object", "additionalProperties": False, "required": ["city"],
+                                     "properties": {"city": {"type": "string", "maxLength": 8}}}}}
+CALL_PROMPT = "<user>Call a tool.\n<assistant>"
+
+
+def after(trigger: str):
+    """A lazy grammar's ``opens``: a value begins right after ``trigger``."""
+    return lambda text: at + len(trigger) if (at := text.find(trigger)) >= 0 else None
+
+
+def _held_values(text: str, trigger: str, capped: bool = False) -> list:
+    """The JSON values that follow each trigger in ``text``, each read whole, the free text
+    between them unread; in a reply the token cap cut (``capped``) the last may be unfinished,
+    and is left out."""
+    values, at, decoder = [], 0, json.JSONDecoder()
+    while (at := text.find(trigger, at)) >= 0:
+        try:
+            value, at = decoder.raw_decode(text, at + len(trigger))
+        except json.JSONDecodeError:
+            assert capped, text[at:]
+            break
+        values.append(value)
+    return values
+
+
+@pytest.mark.parametrize("trigger", ["rhn", "h"])
+def test_a_lazy_grammar_holds_the_reply_only_from_each_trigger_to_its_value_end(model, tmp_path, trigger):
+    prompt = model.tokenize(CALL_PROMPT)
+    free = _text(model, run(model.target(), prompt, parse_arm("ar"), 120).tokens)
+    assert trigger in free
+    texts = []
+    for arm in ("ar", "chain:3", "tree:16", "adaspark"):
+        with RoundLog(tmp_path / f"{arm}.jsonl") as log:
+            gen = run(model.target(), prompt, parse_arm(arm), 240, log=log, grammar=LazyGrammar(model, after(trigger), CALL))
+        texts.append(_text(model, gen.tokens))
+        capped = gen.finish == "length"
+        capped = gen.finish == "length"
+        # a round is held or free throughout: the free round that writes the trigger ends with it
+        text = ""
+        for r in read_log(tmp_path / f"{arm}.jsonl"):
+            before, text = text, text + _text(model, r.emitted)
+            at = text.find(trigger, max(0, len(before) - len(trigger) + 1))
+            if not r.constrained and at >= 0:
+                assert at + len(trigger) == len(text), (arm, r.round)
+    assert texts[1:] == texts[:1] * 3  # every arm emits what plain decoding under the lazy grammar emits
+    text = texts[0]
+    head = text[: text.find(trigger) + len(trigger)]
+    assert free.startswith(head)  # free text up to the trigger: unconstrained decoding's
+    values = _held_values(text, trigger, capped)
+    assert len(values) >= (2 if trigger == "h" else 1)
+    for v in values:
+        jsonschema.validate(v, CALL)
+
+
+def test_a_lazy_grammar_samples_as_plain_decoding_does(model):
+    prompt = model.tokenize(CALL_PROMPT)
+    gens = [run(model.target(), prompt, parse_arm(arm), 200, sampling=Sampling(0.9, seed=4),
+                grammar=LazyGrammar(model, after("h"), CALL)) for arm in ("ar", "chain:3", "adaspark")]
+    texts = [_text(model, g.tokens) for g in gens]
+    assert texts[0] == texts[1] == texts[2]
+    assert len(_held_values(texts[0], "h", capped=gens[0].finish == "length")) >= 2
+    with pytest.raises(InputError, match="cannot be compiled"):
+        LazyGrammar(model, after("h"), {"type": "no-such-type"})

@@ -88,6 +88,8 @@ def test_a_required_call_follows_its_schema_even_with_nothing_to_copy(served):
 
 @pytest.mark.model
 def test_a_tool_result_is_rendered_and_answered_and_auto_says_text_or_calls_plain_and_streamed(served):
+    """(An ``auto`` reply decodes under a lazy grammar that holds a call from its opening on; this
+    small model opens none here: tests/decode/test_grammar_model.py holds one it writes.)"""
     client = served.client()
     tools = {"tools": [WEATHER], "max_tokens": 32}
     after = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [

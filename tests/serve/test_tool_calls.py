@@ -110,7 +110,12 @@ def test_a_required_call_opens_the_reply_and_is_one_call_under_its_grammar():
     assert [c["properties"]["name"] for c in plan.call_schema["anyOf"]] == [{"const": "get_weather"}, {"const": "get_time"}]
     named = prepare(read_tools([WEATHER, other], {"type": "function", "function": {"name": "get_time"}}), _Model())
     assert named.call_schema["properties"]["arguments"] == other["function"]["parameters"]
-    assert prepare(read_tools([WEATHER], AUTO), _Model()).call_schema is None  # auto: the model chooses
+    auto = prepare(read_tools([WEATHER, other], AUTO), _Model())  # the model chooses; a call it opens is held
+    assert auto.reply_start == "" and auto.call_schema == plan.call_schema and plan.opens is named.opens is None
+    text = 'Let me check.\n```json\n{\n  "name": "get_time"'  # held from the call's brace on
+    assert auto.opens(text) == text.index("{") and auto.opens('Let me check.\n```json\n{\n  "na') is None
+    assert MISTRAL.value_start("[TOOL_CALLS]") == 12 and LLAMA3.value_start('<|python_tag|>{"name"') == 14
+    assert MISTRAL.calls_schema([WEATHER["function"]])["type"] == "array"
     # the grammar takes a call of one of them and nothing else; the server closes it
     from conftest import SIM
 
