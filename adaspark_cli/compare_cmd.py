@@ -170,9 +170,13 @@ def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int,
 
 def chat(lm) -> cmp.Chat:
     """The model's chat template, and where it takes tools, the server's way with them: a tool
-    conversation's tools and calls go through the template and calls are read in its format."""
+    conversation's tools and calls go through the template, our arms hold its calls to their
+    schema (the lazy grammar of ``tool_choice: auto``) and calls are read in its format."""
     fmt = format_of(lm.chat_template) if lm.takes_tools() else None
-    return cmp.Chat(lm.chat_prompt, None if fmt is None else functools.partial(openai_reply, fmt=fmt))
+    if fmt is None:
+        return cmp.Chat(lm.chat_prompt)
+    return cmp.Chat(lm.chat_prompt, functools.partial(openai_reply, fmt=fmt),
+                    lambda tools: (fmt.value_start, fmt.calls_schema([t["function"] for t in tools])))
 
 
 def load_workload(sets: Optional[List[Path]], which: str, max_turns: Optional[int] = None,

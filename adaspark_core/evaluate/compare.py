@@ -45,7 +45,7 @@ from adaspark_core.base.sampling import Sampling
 from adaspark_core.candidates.memory import NgramMemory
 from adaspark_core.decode.arms import Arm, parse_arm
 from adaspark_core.decode.generation import Generation
-from adaspark_core.decode.grammar import ANY_OBJECT, Grammar, follows_schema
+from adaspark_core.decode.grammar import ANY_OBJECT, Grammar, LazyGrammar, follows_schema
 from adaspark_core.evaluate.answer import Answer, trace_point
 from adaspark_core.evaluate.peer import LlamaServerArm, draft_model_path
 from adaspark_core.evaluate.testset import Conversation, user_message
@@ -125,6 +125,14 @@ class Chat:
 
     render: Callable
     calls: Callable[[str], tuple[str, list[dict]]] | None = None
+    # Where the template takes tools: a conversation's tools to the lazy grammar our arms decode
+    # its replies under, as the server does under ``tool_choice: auto`` (where a call's JSON
+    # begins in a reply's text, the schema of its calls: decode/grammar.LazyGrammar)
+    held: Callable[[list[dict]], tuple[Callable[[str], int | None], dict]] | None = None
+
+    def lazy(self, conv: Conversation) -> tuple[Callable[[str], int | None], dict] | None:
+        """The lazy grammar a tool conversation's replies decode under in our arms, or None."""
+        return self.held(list(conv.tools)) if self.held is not None and self.calls is not None and conv.tools else None
 
     def history(self, conv: Conversation) -> list[dict]:
         """The messages before a conversation's first turn."""
@@ -173,12 +181,14 @@ class SchedulerArm:
         self.log = None
 
     def answer(self, prompt: list[int], max_tokens: int, request_id: str, remember: bool = True,
-               schema: dict | None = None) -> Answer:
-        """One reply; under ``schema`` (a JSON schema) decoded under its grammar, a fresh one per
-        reply, as a server builds one per request."""
+               schema: dict | None = None, lazy: tuple[Callable[[str], int | None], dict] | None = None) -> Answer:
+        """One reply; under ``schema`` (a JSON schema) decoded under its grammar, or under a
+        ``lazy`` one (where a held value begins, its schema: tool calls), a fresh one per reply,
+        as a server builds one per request."""
         # a sampled reply learns in the sampled regime (Learners.regime)
         learners = self.learners.regime(self.sampling is not None) if self.learners is not None else None
-        grammar = Grammar.for_schema(self.target.model, schema) if schema is not None else None
+        grammar = (Grammar.for_schema(self.target.model, schema) if schema is not None else
+                   LazyGrammar(self.target.model, *lazy) if lazy is not None else None)
         gen = Generation(self.target, prompt, self.arm, max_tokens, request_id=request_id,
                          learners=learners, drafter=self.drafter, log=self.log, memory=self.memory,
                          remember=remember, sampling=self.sampling, grammar=grammar)
@@ -408,7 +418,7 @@ def _pass(convs: list[Conversation], arms: list, chat: Chat, n_ctx: int, max_tok
     records: list[dict] = []
     for ci, conv in enumerate(convs):
         history = {a.name: chat.history(conv) for a in arms}
-        schema = reply_schema(conv)
+        schema, lazy = reply_schema(conv), chat.lazy(conv)
         alive = {a.name: True for a in arms}
         for ti, turn in enumerate(conv.turns):
             order = arms if (ci + ti) % 2 == 0 else arms[::-1]
@@ -423,7 +433,7 @@ def _pass(convs: list[Conversation], arms: list, chat: Chat, n_ctx: int, max_tok
                     if len(prompt) + max_tokens >= n_ctx:
                         alive[arm.name] = False  # the conversation no longer fits: it ends here
                         break
-                    ans = _answer(arm, prompt, max_tokens, f"{tag}{conv.name}/{ti}/{reply}", repeat, schema)
+                    ans = _answer(arm, prompt, max_tokens, f"{tag}{conv.name}/{ti}/{reply}", repeat, schema, lazy)
                     said, calls = chat.read(conv, ans.text)
                     if traces is not None and arm is arms[0]:
                         write_trace(traces, Trace(f"{conv.name}/{ti}/{reply}", conv.set, conv.name, ti, reply,
@@ -449,11 +459,14 @@ def left_out(convs: list[Conversation], records: list[dict], baseline: str) -> i
     return sum(len(c.turns) for c in convs) - len(done)
 
 
-def _answer(arm, prompt, max_tokens, request_id, repeat, schema=None) -> Answer:
+def _answer(arm, prompt, max_tokens, request_id, repeat, schema=None, lazy=None) -> Answer:
+    """``arm``'s reply (the median of ``repeat`` runs); under ``schema``, or in our arms under the
+    ``lazy`` grammar of a tool conversation's calls (llama-server's arms are sent no lazy grammar)."""
+    ours = isinstance(arm, SchedulerArm)
     # A repeat must not find its own reply in the arm's n-gram memory: only the last run adds it.
-    answers = [arm.answer(prompt, max_tokens, request_id,
-                          **({"remember": k == repeat - 1} if isinstance(arm, SchedulerArm) else {}),
-                          **({"schema": schema} if schema is not None else {}))  # pld:N takes none
+    answers = [arm.answer(prompt, max_tokens, request_id, **({"remember": k == repeat - 1} if ours else {}),
+                          **({"schema": schema} if schema is not None else {}),  # pld:N takes none
+                          **({"lazy": lazy} if ours and lazy is not None else {}))
                for k in range(repeat)]
     first = answers[0]
     if repeat > 1:

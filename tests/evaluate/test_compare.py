@@ -89,7 +89,9 @@ def test_a_template_with_tools_gets_them_and_the_parsed_call_is_answered_by_its_
         return [1] * sum(len(orjson.dumps(m)) for m in messages)
 
     fmt = format_of("{{ '<tool_call>' }}")
-    chat = cmp.Chat(render, functools.partial(openai_reply, fmt=fmt))
+    chat = cmp.Chat(render, functools.partial(openai_reply, fmt=fmt), lambda tools: (fmt.value_start, tools))
+    assert chat.lazy(conv("tools", "tools", 1, result="3")) == (fmt.value_start, list(TOOLS))  # our arms hold calls
+    assert chat.lazy(conv("c", "chat", 1)) is None and cmp.Chat(render).lazy(conv("t", "tools", 1, result="3")) is None
     caller = FakeArm("x", "no call")
     caller.text_for_call = 'Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
     caller.answer = lambda prompt, max_tokens, request_id: cmp.Answer(
