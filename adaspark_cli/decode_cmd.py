@@ -29,6 +29,10 @@ def decode(
     chat_template_file: Optional[Path] = console.CHAT_TEMPLATE_FILE,
     json_schema: Optional[str] = console.JSON_SCHEMA,
     threads: Optional[int] = console.THREADS,
+    n_gpu_layers: Optional[str] = console.N_GPU_LAYERS,
+    device: Optional[str] = console.DEVICE,
+    tensor_split: Optional[str] = console.TENSOR_SPLIT,
+    rpc: Optional[str] = console.RPC,
     store: Optional[Path] = console.STORE,
     memory_mb: float = console.MEMORY_MB,
     drafter: str = console.DRAFTER,
@@ -48,7 +52,8 @@ def decode(
     schema = console.json_schema(json_schema)
     text = console.read_prompt(prompt_file)
     system = console.utf8(system, "--system") if system is not None else None
-    with reported(), Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter,
+    with reported(), Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads,
+                                                layout=console.layout(n_gpu_layers, device, tensor_split, rpc), drafter=drafter,
                                                 block=block, draft_top_k=draft_top_k,
                                                 chat_template=console.chat_template(chat_template_file)),
                                   Speculation.of(arm, memory_mb=memory_mb), store=store, log=log) as rt:

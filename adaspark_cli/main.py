@@ -16,6 +16,7 @@ from adaspark_cli.decode_cmd import decode
 from adaspark_cli.models_cmd import models_app
 from adaspark_cli.profile_cmd import profile
 from adaspark_cli.replay_cmd import replay
+from adaspark_cli.rpc_cmd import rpc_server
 from adaspark_cli.serve_cmd import serve_stdin
 from adaspark_cli.serve_http import serve
 from adaspark_cli.store_cmd import inspect_store, store_app
@@ -44,6 +45,7 @@ app.command("serve")(serve)
 app.command("profile")(profile)
 app.command("compare")(compare)
 app.command("simulate")(simulate)
+app.command("rpc-server")(rpc_server)
 app.add_typer(store_app, name="store")
 app.add_typer(models_app, name="models")
 app.command("inspect-store")(inspect_store)

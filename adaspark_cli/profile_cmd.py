@@ -64,6 +64,10 @@ def profile(
     contexts: Optional[str] = typer.Option(None, "--contexts", help="Contexts in tokens, comma-separated (default: Table 1's 443,1596,8444, the largest clamped to what the model's context holds with the widest verify)."),
     rounds: int = typer.Option(7, "--rounds", min=3, help="Verifies per (width, context) and pass; the first 2 are warm-ups, left out of the medians."),
     threads: Optional[int] = console.THREADS,
+    n_gpu_layers: Optional[str] = console.N_GPU_LAYERS,
+    device: Optional[str] = console.DEVICE,
+    tensor_split: Optional[str] = console.TENSOR_SPLIT,
+    rpc: Optional[str] = console.RPC,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (machine, model, every sample, the fits) instead of a table."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also write a PNG of verify time against rows, one line per context (needs matplotlib: pip install 'adaspark[plot]')."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
@@ -84,7 +88,7 @@ def profile(
             landing(plot)
         ws = prof.check_widths(prof.parse_ints(widths, "widths"))  # before the model loads
         cs = prof.parse_ints(contexts, "contexts") if contexts else None
-        lm = open_model(model)
+        lm = open_model(model, layout=console.layout(n_gpu_layers, device, tensor_split, rpc))
         if isinstance(lm, SimModel):
             raise InputError(f"profile measures llama.cpp's verify time: {lm.path} is a simulated model")
         ws, cs, n_ctx, notes = prof.plan(ws, cs, lm.n_ctx_train)

@@ -46,6 +46,10 @@ def serve_stdin(
     n_ctx: Optional[int] = console.N_CTX,
     chat_template_file: Optional[Path] = console.CHAT_TEMPLATE_FILE,
     threads: Optional[int] = console.THREADS,
+    n_gpu_layers: Optional[str] = console.N_GPU_LAYERS,
+    device: Optional[str] = console.DEVICE,
+    tensor_split: Optional[str] = console.TENSOR_SPLIT,
+    rpc: Optional[str] = console.RPC,
     reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix",
                                       help="Keep the last request's KV and prefill only what follows the common "
                                            "token prefix."),
@@ -56,7 +60,8 @@ def serve_stdin(
     if sys.stdin is None:
         console.fail("stdin is closed: serve-stdin reads its requests there")
     with reported():
-        rt = Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter, block=block,
+        rt = Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads,
+                                        layout=console.layout(n_gpu_layers, device, tensor_split, rpc), drafter=drafter, block=block,
                                             draft_top_k=draft_top_k, reuse_prefix=reuse_prefix,
                                             chat_template=console.chat_template(chat_template_file)),
                           Speculation.of(arm, memory_mb=memory_mb), store=store, log=log)

@@ -33,6 +33,10 @@ def serve(
     n_ctx: Optional[int] = console.N_CTX,
     chat_template_file: Optional[Path] = console.CHAT_TEMPLATE_FILE,
     threads: Optional[int] = console.THREADS,
+    n_gpu_layers: Optional[str] = console.N_GPU_LAYERS,
+    device: Optional[str] = console.DEVICE,
+    tensor_split: Optional[str] = console.TENSOR_SPLIT,
+    rpc: Optional[str] = console.RPC,
     parallel: int = typer.Option(1, "--parallel", "-np", min=1, max=64,
                                  help="Requests decoded together (llama-server's -np), each in a slot of --n-ctx "
                                       "tokens. llama.cpp models only, no --drafter."),
@@ -66,7 +70,8 @@ def serve(
         limits = Limits(int(max_body_mb * 2 ** 20), max_connections, header_timeout)
         sock = http_app.listen(host, port, max_connections)
         try:
-            rt = Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads, drafter=drafter, block=block,
+            rt = Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads,
+                                            layout=console.layout(n_gpu_layers, device, tensor_split, rpc), drafter=drafter, block=block,
                                             draft_top_k=draft_top_k, reuse_prefix=reuse_prefix, parallel=parallel,
                                             chat_template=console.chat_template(chat_template_file)),
                               Speculation.of(arm, memory_mb=memory_mb), store=store, log=log)

@@ -32,6 +32,7 @@ from adaspark_core.candidates.memory_file import load as load_memory
 from adaspark_core.candidates.memory_file import memory_path
 from adaspark_core.candidates.memory_file import save as save_memory
 from adaspark_core.decode.runtime import open_model
+from adaspark_core.engine import devices
 from adaspark_core.engine.models import DEFAULT_MODEL, KNOWN, default_model_file, resolve_model
 from adaspark_core.evaluate.store_report import CONTEXTS, summarize
 from adaspark_core.learn.learned import Learners
@@ -364,6 +365,7 @@ def render(s: dict, top: int = 12) -> str:
         ["drafter", _ident(drafter) if drafter else "none (n-gram candidates only)"],
         ["machine", f"{mach.get('cpu', '-')}, {mach.get('cpus', '-')} CPUs, {mach.get('arch', '-')}, "
                     f"llama-cpp-python {mach.get('llama_cpp_python') or '-'}"],
+        ["layout", devices.describe(fp.get("layout"))],
     ]
     out.append(tabulate(ident, tablefmt="plain", disable_numparse=True))
     n = s["counts"]

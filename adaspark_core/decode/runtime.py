@@ -31,6 +31,7 @@ from adaspark_core.decode.arms import Arm, Speculation
 from adaspark_core.decode.generation import Generation
 from adaspark_core.decode.grammar import Grammar, LazyGrammar
 from adaspark_core.engine import simlm
+from adaspark_core.engine.devices import DeviceLayout
 from adaspark_core.learn.learned import Learners
 from adaspark_core.store.fingerprint import fingerprint, fingerprint_key
 from adaspark_core.store.record import RoundLog
@@ -51,19 +52,23 @@ class EngineOptions:
     reuse_prefix: bool = False  # keep the committed KV across requests (serving several in a row)
     parallel: int = 1  # requests decoded together, each in a slot of one context (decode/batch.py)
     chat_template: str | None = None  # a Jinja chat template in place of the model's (--chat-template-file)
+    layout: DeviceLayout = DeviceLayout()  # where the model's layers run (--n-gpu-layers, --device, ...)
 
 
-def open_model(spec: str | Path | None, chat_template: str | None = None):
+def open_model(spec: str | Path | None, chat_template: str | None = None, layout: DeviceLayout = DeviceLayout()):
     """The model ``--model`` names: a SimModel for ``sim:CURVE``, else a loaded GGUF (the default
-    model when None). llama.cpp is imported only here, so a simulated run never loads it."""
+    model when None) on ``layout``. llama.cpp is imported only here, so a simulated run never loads it."""
     if spec is not None and is_sim(str(spec)):  # a file named so is ./sim:NAME
         if chat_template is not None:
             raise InputError(f"a simulated model ({spec}) has its own chat markup: no --chat-template-file")
+        if not layout.local_cpu:
+            raise InputError(f"a simulated model ({spec}) runs on no device: no --n-gpu-layers, --device, "
+                             "--tensor-split or --rpc")
         return simlm.SimModel(str(spec))
     from adaspark_core.engine.llama import LlamaModel
     from adaspark_core.engine.models import resolve_model
 
-    return LlamaModel(resolve_model(spec), chat_template=chat_template)
+    return LlamaModel(resolve_model(spec), chat_template=chat_template, layout=layout)
 
 
 def _drafter(spec: str, model, target, opts: EngineOptions):
@@ -147,7 +152,7 @@ class Runtime:
         the_arm = spec.arm if spec is not None else None
         rt = cls(None, None, None, spec, None, None, None, opts.threads)
         try:
-            rt.model = model if model is not None else open_model(opts.model, opts.chat_template)
+            rt.model = model if model is not None else open_model(opts.model, opts.chat_template, opts.layout)
             if opts.parallel > 1:
                 rt.engine = _batch_engine(rt.model, opts)
                 rt.slots = rt.engine.slots
@@ -157,7 +162,8 @@ class Runtime:
                 rt.slots = [rt.target]
             rt.drafter = _drafter(opts.drafter, rt.model, rt.target, opts)
             if the_arm is not None and the_arm.learns:
-                fp = fingerprint(rt.model.path, rt.drafter.model.path if rt.drafter is not None else None)
+                fp = fingerprint(rt.model.path, rt.drafter.model.path if rt.drafter is not None else None,
+                                 layout=getattr(rt.model, "layout", DeviceLayout()).fingerprint())
                 rt.store = Store.open(store or default_store_path(fp), fp)
                 rt.learners = Learners.from_store(rt.store, spec.learners)
                 if the_arm.uses_ngram and spec.memory_mb > 0:

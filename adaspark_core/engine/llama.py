@@ -20,16 +20,21 @@ import llguidance.llamacpp
 
 from adaspark_core.base.errors import InputError
 from adaspark_core.engine.bindings import check_gguf, init_backend
+from adaspark_core.engine.devices import DeviceLayout, effective, model_params
 from adaspark_core.engine.llama_target import LlamaTarget
 
 
 class LlamaModel:
     """A loaded GGUF model: weights, vocabulary, chat template. Contexts are made from it."""
 
-    def __init__(self, path: str | os.PathLike, verbose: bool = False, chat_template: str | None = None):
+    def __init__(self, path: str | os.PathLike, verbose: bool = False, chat_template: str | None = None,
+                 layout: DeviceLayout = DeviceLayout()):
         self.path = check_gguf(path)
         init_backend(verbose)
+        # where its layers run (``--n-gpu-layers``, ``--device``, ...), as it takes effect here
+        self.layout = effective(layout, L)
         mparams = L.llama_model_default_params()
+        keep = model_params(mparams, self.layout, L)  # noqa: F841 (arrays the parameters point into)
         self.ptr = L.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self.ptr:
             raise InputError(f"llama.cpp could not load the model: {self.path}")

@@ -236,7 +236,7 @@ class PromptLookupArm:
 def make_arms(specs: list[str], target, drafter, prompt_lookup: Callable[[], object], is_eog: Callable[[int], bool],
               learners_factory: Callable[[], Learners] = Learners, model_path=None, n_ctx: int | None = None,
               threads: int | None = None, memory_mb: float = 0.0, sampling: Sampling | None = None,
-              schemas: bool = False) -> list:
+              schemas: bool = False, device_args: tuple[str, ...] = ()) -> list:
     """The arms ``specs`` name, in order; ar is always first (the baseline). A ``llama:`` arm is
     llama.cpp's own llama-server (adaspark_core/evaluate/peer.py), run on ``model_path`` with ``n_ctx`` and
     ``threads`` (a ``llama:draft`` arm also on the draft file of ``drafter``, a model drafter);
@@ -247,7 +247,8 @@ def make_arms(specs: list[str], target, drafter, prompt_lookup: Callable[[], obj
     they sample the same text), and llama-server peers with llama.cpp's own sampler at the same
     settings (another sample of the same distribution); the pld peer decodes greedily and is
     refused. ``schemas``: the workload's replies follow JSON schemas (``reply_schema``), which the
-    pld peer cannot decode under: refused too, before its model is loaded."""
+    pld peer cannot decode under: refused too, before its model is loaded. ``device_args``: the
+    run's device layout as llama-server's options, so the peers' layers run where ours do."""
     peers = [s.strip() for s in specs if s.strip().startswith("pld:")]
     if sampling is not None and peers:
         raise InputError(f"arm {peers[0]} decodes greedily: compare it at temperature 0")
@@ -271,7 +272,8 @@ def make_arms(specs: list[str], target, drafter, prompt_lookup: Callable[[], obj
             # the reply's text made from its tokens as SchedulerArm makes it, so texts compare alike
             arms.append(LlamaServerArm(spec, model_path, n_ctx, threads, is_eog,
                                        detokenize=lambda toks: b"".join(map(target.piece, toks)).decode("utf-8", "replace"),
-                                       sampling=sampling, draft_path=draft_model_path(drafter)))
+                                       sampling=sampling, draft_path=draft_model_path(drafter),
+                                       device_args=device_args))
             continue
         m = re.fullmatch(r"pld:(\d+)", spec)
         if m:

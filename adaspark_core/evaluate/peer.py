@@ -208,11 +208,13 @@ def draft_model_path(drafter) -> Path | None:
 
 
 def server_command(binary: Path, spec: PeerSpec, model_path, n_ctx: int, threads: int, port: int,
-                   draft_path=None) -> list[str]:
-    """The server's command line for one arm; ``draft_path``: the draft model of a ``llama:draft`` arm."""
+                   draft_path=None, device_args: tuple[str, ...] = ()) -> list[str]:
+    """The server's command line for one arm; ``draft_path``: the draft model of a ``llama:draft``
+    arm; ``device_args``: the run's device layout as llama-server's options (DeviceLayout.server_args)."""
     if spec.needs_draft != (draft_path is not None):
         raise ValueError(f"{spec.name}: a draft model path goes with, and only with, a llama:draft arm")
-    return llama_server.server_command(binary, model_path, n_ctx, threads, port, spec.server_args(), draft_path)
+    return llama_server.server_command(binary, model_path, n_ctx, threads, port,
+                                       spec.server_args() + list(device_args), draft_path)
 
 
 def request_body(prompt: list[int], max_tokens: int, stream: bool = True, sampling: Sampling | None = None,
@@ -351,8 +353,9 @@ class LlamaServerArm:
 
     def __init__(self, spec: str, model_path, n_ctx: int, threads: int | None, is_eog: Callable[[int], bool],
                  detokenize: Callable[[list[int]], str] | None = None, binary: str | os.PathLike | None = None,
-                 sampling: Sampling | None = None, draft_path=None):
+                 sampling: Sampling | None = None, draft_path=None, device_args: tuple[str, ...] = ()):
         self.spec = parse_peer(spec)
+        self.device_args = tuple(device_args)  # the run's device layout: the server's layers go where ours do
         self.sampling = sampling  # every reply sampled with these settings (request_body)
         self.name = self.spec.name
         if self.spec.needs_draft and draft_path is None:
@@ -372,7 +375,8 @@ class LlamaServerArm:
             from adaspark_core.engine.bindings import default_threads
 
             threads = default_threads()
-        return server_command(self.binary, self.spec, self.model_path, self.n_ctx, threads, port, self.draft_path)
+        return server_command(self.binary, self.spec, self.model_path, self.n_ctx, threads, port, self.draft_path,
+                              self.device_args)
 
     def _server(self) -> LlamaServer:
         if self.server is None or not self.server.alive():

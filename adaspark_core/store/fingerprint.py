@@ -104,10 +104,12 @@ def machine() -> dict:
 
 
 def fingerprint(model_path: PathLike, drafter_path: PathLike | None = None, *,
-                digest_cache: PathLike | None = None) -> dict:
+                digest_cache: PathLike | None = None, layout: dict | None = None) -> dict:
     """What the learned state depends on: the model file's content, the drafter's if there is one
-    (the acceptance model learns how the drafter's candidates fare against this target), and the
-    machine.
+    (the acceptance model learns how the drafter's candidates fare against this target), the
+    machine, and where the model's layers run unless on the local CPU (``layout``,
+    engine/devices.py ``DeviceLayout.fingerprint``: a verify's cost on a GPU or over RPC is not
+    its cost here, so the cost model learned on one layout never prices another).
 
     A file is identified by size and SHA-256 of its content (not its path, so a copy or a move
     keeps its store). ``digest_cache`` is the side file caching digests (default:
@@ -126,6 +128,7 @@ def fingerprint(model_path: PathLike, drafter_path: PathLike | None = None, *,
         "model": ident(model_path),
         **drafter,
         "machine": machine(),
+        **({"layout": layout} if layout else {}),
     }
 
 

@@ -1,0 +1,108 @@
+"""The model split over two llama.cpp RPC servers on loopback (``adaspark rpc-server``, started
+here on free ports and killed by PID): the text a tree verifies there is the text plain decoding
+gives there, and locally the same up to near ties; a server that cannot be reached, or that dies
+mid-run, is one error line, never a hang."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import llama_cpp as L
+import pytest
+from helpers import NEAR_TIE, adaspark, assert_one_error_line
+
+from adaspark_core.decode.arms import parse_arm
+from adaspark_core.decode.generation import run
+from adaspark_core.engine.devices import parse_layout
+from adaspark_core.engine.llama import LlamaModel
+from adaspark_core.engine.llama_sequence import score
+from adaspark_core.engine.llama_server import free_port
+
+pytestmark = [pytest.mark.model,
+              pytest.mark.skipif(not L.llama_supports_rpc(), reason="llama-cpp-python built without GGML_RPC")]
+
+QUESTIONS = ["Write one sentence about the sea.", "List three uses of copper.", "Explain recursion to a child."]
+
+
+def _start_server() -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "adaspark_cli.main", "rpc-server", "--port", str(port),
+                             "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"127.0.0.1:{port}"
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"rpc-server ended: {proc.stderr.read().decode()}")
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("rpc-server did not listen within 30 s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def servers():
+    started = [_start_server() for _ in range(2)]
+    yield [endpoint for _, endpoint in started]
+    for proc, _ in started:
+        _stop(proc)
+
+
+def test_a_tree_verified_over_two_rpc_servers_emits_plain_decodings_text(default_model_path, lm, servers):
+    remote = LlamaModel(default_model_path, layout=parse_layout(rpc=",".join(servers)))
+    try:
+        assert remote.layout.rpc == tuple(servers)
+        for text in QUESTIONS:
+            prompt = lm.chat_prompt([{"role": "user", "content": text}])
+            plain = run(remote.target(), prompt, parse_arm("ar"), 48).tokens
+            for arm in ("tree:16", "adaspark"):
+                assert run(remote.target(), prompt, parse_arm(arm), 48).tokens == plain, (text, arm)
+            # locally the same text, up to a near tie where the kernels of the two layouts part
+            local = run(lm.target(), prompt, parse_arm("ar"), 48).tokens
+            i = next((i for i, (a, b) in enumerate(zip(local, plain)) if a != b), None)
+            if i is not None:
+                row = score(lm, prompt + local[: i + 1])[len(prompt) + i - 1]
+                assert abs(row[local[i]] - row[plain[i]]) < NEAR_TIE, (text, i)
+    finally:
+        remote.close()
+
+
+def test_an_unreachable_server_is_one_line_at_once(tmp_path):
+    closed = free_port()  # nothing listens there
+    t0 = time.monotonic()
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("Hello.")
+    res = adaspark("decode", prompt, "--rpc", f"127.0.0.1:{closed}", "-n", "4")
+    assert_one_error_line(res, "--rpc", "cannot reach the RPC server", str(closed))
+    assert time.monotonic() - t0 < 60
+
+
+def test_a_server_that_dies_mid_run_is_one_line_and_status_1(tmp_path):
+    proc, endpoint = _start_server()
+    other, endpoint2 = _start_server()
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("Write a long story about the sea.")
+    try:
+        run_ = subprocess.Popen([sys.executable, "-m", "adaspark_cli.main", "decode", str(prompt), "-n", "2000",
+                                 "--arm", "ar", "--rpc", f"{endpoint},{endpoint2}", "--store", str(tmp_path / "s.json")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert run_.stdout.read(40)  # decoding over both servers
+        _stop(proc)
+        _, err = run_.communicate(timeout=60)
+        assert run_.returncode == 1
+        lines = err.strip().splitlines()
+        assert lines[-1].startswith("adaspark: error: llama.cpp stopped, an RPC server lost"), err
+    finally:
+        _stop(proc)
+        _stop(other)
