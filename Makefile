@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.adaspark-installed
 PROMPTS := fixtures/prompts
 
-.PHONY: setup demo test lint test-fast bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ttft bench-ngram bench-drafters bench-memory bench-step bench-load bench-load-gemma bench-qwen bench-json bench-onerow fixture-log clean
+.PHONY: bench-rpc setup demo test lint test-fast bench bench-peer bench-warm bench-quick bench-smoke bench-adaptive bench-quant bench-host bench-ttft bench-ngram bench-drafters bench-memory bench-step bench-load bench-load-gemma bench-qwen bench-json bench-onerow fixture-log clean
 .PHONY: peer
 
 # ggml for this CPU, but never with AMX: some virtual machines advertise AMX yet trap its first
@@ -157,6 +157,12 @@ bench-warm: setup
 # For iterating: the first turn of every conversation of the evaluation subset (40 replies per arm),
 # 96-token cap, the arms that decide the issue's question; about 8 minutes on 2 cores. (The `short`
 # subset, 10 replies, ran in under 3 minutes but its ratios did not track `make bench`'s.)
+# The model split over two loopback RPC servers (adaspark rpc-server) behind delay relays of 0, 0.5
+# and 2 ms a message: ar, chain:3, adaspark and llama-server --rpc (plain, ngram-mod) side by side
+# at each delay, and adaspark's mean verified width (docs/devices.md).
+bench-rpc: setup peer
+	$(BIN)/python -m benchmarks.bench rpc --delays 0,0.5,2
+
 bench-quick: setup
 	$(BIN)/adaspark compare --sets $(BENCH_SETS) --arms ar,chain:3,pinned:4,adaspark --subset eval --max-turns 1 --max-tokens 96 --out bench-out-quick --logs bench-out-quick/logs
 

@@ -23,6 +23,7 @@ from adaspark_core.base.errors import InputError
 from adaspark_core.base.files import landing, read_regular, replace
 from adaspark_core.decode.arms import parse_arm
 from adaspark_core.decode.runtime import EngineOptions, Runtime
+from adaspark_core.engine.devices import DeviceLayout, parse_layout
 from adaspark_core.engine.simlm import SimModel
 from adaspark_core.evaluate import compare as cmp
 from adaspark_core.evaluate import testset, tracesim
@@ -67,6 +68,7 @@ def compare(
     seed: int = typer.Option(0, "--seed", callback=console.seed_in_range, help="Sampling: the seed every arm samples with (so arms sample the same text)."),
     reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix", help="Prefill only what follows the KV the last reply left (the AdaSpark arms; decode speed is timed after the prefill either way)."),
     chat_template_file: Optional[Path] = console.CHAT_TEMPLATE_FILE,
+    peer_rpc: Optional[List[str]] = typer.Option(None, "--peer-rpc", help="With --rpc: the RPC servers (HOST:PORT,...) of one llama: arm, repeated for each in order. A llama.cpp RPC server serves one client at a time, so every llama-server arm needs servers of its own (docs/devices.md)."),
 ) -> None:
     """Run arms side by side over the same conversations.
 
@@ -88,7 +90,7 @@ def compare(
                                           draft_top_k=draft_top_k, reuse_prefix=reuse_prefix,
                                           chat_template=console.chat_template(chat_template_file))) as rt:
             names, replies = _run(rt, arms, convs, max_tokens, repeat, warm, logs, memory_mb, warm_convs, how,
-                                  schemas=json_workload)
+                                  schemas=json_workload, peer_rpc=peer_rpc)
             turns, skipped = sum(len(c.turns) for c in convs), cmp.left_out(convs, replies, names[0])
             fit = (f"the context of {rt.target.n_ctx} tokens (a prompt plus --max-tokens {max_tokens} must fit: "
                    f"raise --n-ctx or lower --max-tokens)")
@@ -146,10 +148,20 @@ def _tables(summary: dict, replies: list[dict]) -> str:
 
 
 def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int, logs, memory_mb: float = 0.0,
-         warm_convs=None, sampling=None, schemas: bool = False):
+         warm_convs=None, sampling=None, schemas: bool = False, peer_rpc: Optional[List[str]] = None):
     """Every arm over ``convs`` on the runtime's target and drafter: (arm names, replies).
-    ``schemas``: the replies follow JSON schemas (``cmp.make_arms``)."""
+    ``schemas``: the replies follow JSON schemas (``cmp.make_arms``); ``peer_rpc``: each
+    llama-server arm's own RPC servers (``--peer-rpc``)."""
     lm, target = rt.model, rt.target
+    layout = getattr(lm, "layout", DeviceLayout())
+    peer_args = None
+    if layout.rpc and any(a.strip().startswith("llama:") for a in arms.split(",")):
+        if not peer_rpc:
+            raise InputError("--rpc with llama: arms needs --peer-rpc: a llama.cpp RPC server serves one client at "
+                             "a time, so each llama-server arm needs servers of its own")
+        peer_args = [tuple(dataclasses.replace(layout, rpc=parse_layout(rpc=e).rpc).server_args()) for e in peer_rpc]
+    elif peer_rpc:
+        raise InputError("--peer-rpc goes with --rpc and llama: arms")
 
     def prompt_lookup():
         if isinstance(lm, SimModel):
@@ -166,7 +178,7 @@ def _run(rt: Runtime, arms: str, convs, max_tokens: int, repeat: int, warm: int,
     arm_list = cmp.make_arms(arms.split(","), target, rt.drafter, prompt_lookup, lm.is_eog, model_path=lm.path,
                              n_ctx=target.n_ctx, threads=rt.threads, memory_mb=memory_mb,
                              sampling=sampling, schemas=schemas,
-                             device_args=tuple(lm.layout.server_args()) if hasattr(lm, "layout") else ())
+                             device_args=tuple(layout.server_args()), peer_device_args=peer_args)
     try:
         with tqdm(total=cmp.steps(convs, arm_list, warm, warm_convs), desc="compare", unit="reply", file=sys.stderr,
                   disable=None) as bar:

@@ -6,6 +6,7 @@
     python -m benchmarks.bench step [--context C]
     python -m benchmarks.bench load [--clients 1,4] [--requests N] [--repeats K]
     python -m benchmarks.bench onerow LOGS [--json]
+    python -m benchmarks.bench rpc [--delays 0,0.5,2] [--arms ...] [--max-tokens N]
 
 A bad argument is one line on stderr and exit code 2, as for adaspark's own commands.
 
@@ -17,6 +18,9 @@ the arms interleaved and each pass in the opposite order of the last, and report
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -797,6 +801,92 @@ def onerow(
     print(tabulate(rows, headers=["arm", "pairs after 1 row", "median", "median of replies [95%] (replies)",
                                   "pairs after a wider verify", "median", "its share of decode time"],
                    disable_numparse=True))
+
+
+# --- a model over two RPC servers, the network dialed -----------------------------------------------
+
+RPC_ARMS = "ar,chain:3,adaspark,llama:ar,llama:ngram-mod"
+
+
+def _rpc_server() -> tuple[subprocess.Popen, int]:
+    """``adaspark rpc-server`` on a free loopback port, listening (30 s at most)."""
+    from adaspark_core.engine.llama_server import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "adaspark_cli.main", "rpc-server", "--port", str(port),
+                             "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, port
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("rpc-server did not listen within 30 s")
+
+
+def _mean_width(log: Path) -> float | None:
+    widths = [orjson.loads(line)["width"] for line in log.read_bytes().splitlines() if line.strip()]
+    return statistics.fmean(widths) if widths else None
+
+
+@app.command()
+def rpc(
+    delays: str = typer.Option("0,0.5,2", "--delays", help="Added delay per message each way, ms, comma-separated."),
+    arms: str = typer.Option(RPC_ARMS, "--arms", help="compare's arms; every llama: arm gets servers of its own."),
+    subset: str = typer.Option("eval", "--subset", help="compare's --subset."),
+    max_turns: int = typer.Option(1, "--max-turns", min=1),
+    max_tokens: int = typer.Option(96, "--max-tokens", min=1),
+    out: Path = typer.Option(Path("bench-out-rpc"), "--out", help="A folder per delay (compare.json, logs)."),
+) -> None:
+    """The model split over two loopback RPC servers behind delay relays, at each delay: compare's
+    arms side by side (ours on one pair of servers, each llama-server arm on a pair of its own:
+    a llama.cpp RPC server serves one client at a time), and adaspark's mean verified width."""
+    from benchmarks.relay import Relay
+
+    try:
+        wanted = [float(d) for d in delays.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"--delays wants milliseconds, comma-separated, not {delays!r}") from None
+    clients = 1 + sum(a.strip().startswith("llama:") for a in arms.split(","))
+    procs, relays = [], []
+    try:
+        for _ in range(2 * clients):
+            proc, port = _rpc_server()
+            procs.append(proc)
+            relays.append(Relay(("127.0.0.1", port)))
+        pairs = [",".join(r.endpoint for r in relays[2 * k: 2 * k + 2]) for k in range(clients)]
+        rows = []
+        for delay in wanted:
+            for r in relays:
+                r.delay = delay / 1000
+            where = out / f"delay-{delay:g}ms"
+            cmd = [sys.executable, "-m", "adaspark_cli.main", "compare", "--sets", str(benchmark_sets()), "--arms", arms,
+                   "--subset", subset, "--max-turns", str(max_turns), "--max-tokens", str(max_tokens),
+                   "--out", str(where), "--logs", str(where / "logs"), "--rpc", pairs[0]]
+            for pair in pairs[1:]:
+                cmd += ["--peer-rpc", pair]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            summary = orjson.loads((where / "compare.json").read_bytes())["summary"]["first_n"]["vs_baseline"]
+            width = _mean_width(where / "logs" / "adaspark.jsonl") if (where / "logs" / "adaspark.jsonl").exists() else None
+            rows.append([f"{delay:g}"] + [_ratio(summary.get(a.strip(), {}).get("overall")) for a in arms.split(",")[1:]]
+                        + [f"{width:.2f}" if width is not None else "-"])
+        typer.echo(tabulate(rows, ["delay ms"] + [f"{a.strip()} / ar" for a in arms.split(",")[1:]]
+                            + ["adaspark mean width"], disable_numparse=True))
+    finally:
+        for r in relays:
+            r.close()
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def _ratio(res: dict | None) -> str:
+    if not res or res.get("ratio") is None:
+        return "-"
+    return f"{res['ratio']:.2f}x [{res['lo']:.2f}, {res['hi']:.2f}]"
 
 
 if __name__ == "__main__":

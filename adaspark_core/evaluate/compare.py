@@ -236,7 +236,8 @@ class PromptLookupArm:
 def make_arms(specs: list[str], target, drafter, prompt_lookup: Callable[[], object], is_eog: Callable[[int], bool],
               learners_factory: Callable[[], Learners] = Learners, model_path=None, n_ctx: int | None = None,
               threads: int | None = None, memory_mb: float = 0.0, sampling: Sampling | None = None,
-              schemas: bool = False, device_args: tuple[str, ...] = ()) -> list:
+              schemas: bool = False, device_args: tuple[str, ...] = (),
+              peer_device_args: list[tuple[str, ...]] | None = None) -> list:
     """The arms ``specs`` name, in order; ar is always first (the baseline). A ``llama:`` arm is
     llama.cpp's own llama-server (adaspark_core/evaluate/peer.py), run on ``model_path`` with ``n_ctx`` and
     ``threads`` (a ``llama:draft`` arm also on the draft file of ``drafter``, a model drafter);
@@ -248,7 +249,13 @@ def make_arms(specs: list[str], target, drafter, prompt_lookup: Callable[[], obj
     settings (another sample of the same distribution); the pld peer decodes greedily and is
     refused. ``schemas``: the workload's replies follow JSON schemas (``reply_schema``), which the
     pld peer cannot decode under: refused too, before its model is loaded. ``device_args``: the
-    run's device layout as llama-server's options, so the peers' layers run where ours do."""
+    run's device layout as llama-server's options, so the peers' layers run where ours do;
+    ``peer_device_args``: the k-th llama-server arm's own, in place of it (a llama.cpp RPC server
+    serves one client at a time, so each llama-server arm needs servers of its own)."""
+    llama = [s.strip() for s in specs if s.strip().startswith("llama:")]
+    if peer_device_args is not None and len(peer_device_args) != len(llama):
+        raise InputError(f"--peer-rpc: one list of servers for each llama-server arm ({len(llama)}), "
+                         f"not {len(peer_device_args)}")
     peers = [s.strip() for s in specs if s.strip().startswith("pld:")]
     if sampling is not None and peers:
         raise InputError(f"arm {peers[0]} decodes greedily: compare it at temperature 0")
@@ -273,7 +280,8 @@ def make_arms(specs: list[str], target, drafter, prompt_lookup: Callable[[], obj
             arms.append(LlamaServerArm(spec, model_path, n_ctx, threads, is_eog,
                                        detokenize=lambda toks: b"".join(map(target.piece, toks)).decode("utf-8", "replace"),
                                        sampling=sampling, draft_path=draft_model_path(drafter),
-                                       device_args=device_args))
+                                       device_args=device_args if peer_device_args is None
+                                       else peer_device_args[sum(isinstance(a, LlamaServerArm) for a in arms)]))
             continue
         m = re.fullmatch(r"pld:(\d+)", spec)
         if m:

@@ -491,3 +491,12 @@ def test_the_excerpt_is_verbatim_and_its_short_subset_is_the_benchmarks():
     shared = {c.name: c for c in load_workload([testset.shared_dir()], "all")}
     assert all(c == shared[c.name] for c in load_workload([TESTSET], "all"))
     assert load_workload([TESTSET], "short") == load_workload([testset.shared_dir()], "short")
+
+
+def test_each_llama_server_arm_needs_rpc_servers_of_its_own():
+    """A llama.cpp RPC server serves one client at a time: --peer-rpc gives one list per llama: arm."""
+    from adaspark_core.base.errors import InputError
+
+    with pytest.raises(InputError, match=r"one list of servers for each llama-server arm \(2\), not 1"):
+        cmp.make_arms(["ar", "llama:ar", "llama:ngram-mod"], None, None, lambda: None, lambda t: False,
+                      model_path="m.gguf", n_ctx=512, peer_device_args=[("--rpc", "127.0.0.1:1")])
