@@ -8,8 +8,10 @@ on one layout never prices a run on another (store/fingerprint.py). The layout r
 one that takes effect: where there is nothing to offload to (no GPU, no RPC server: this machine),
 GPU layers change nothing and the layout stays the local CPU's.
 
-``DeviceLayout`` and ``parse_layout`` are pure; ``model_params`` applies a layout to llama.cpp's
-model parameters (the engine's model, llama.py, calls it).
+``DeviceLayout`` and ``parse_layout`` are pure. ``effective`` (which registers the RPC servers'
+devices with ggml, ``add_rpc_servers``) and ``model_params`` apply a layout to llama.cpp's model
+parameters (the engine's model, llama.py, calls them); ``serve_rpc`` is the library's own RPC
+server (``adaspark rpc-server``). ggml is reached through libllama, which links it.
 """
 
 from __future__ import annotations
@@ -260,10 +262,12 @@ def model_params(mparams, layout: DeviceLayout, lib) -> list:
         split = (ctypes.c_float * lib.llama_max_devices())(*layout.tensor_split)
         mparams.tensor_split = split
         keep.append(split)
-    if layout.devices:
+    if layout.devices or layout.local_cpu:
+        # A NULL-terminated ggml_backend_dev_t list; empty for the local CPU, so that no device a
+        # server registered in this process earlier (an RPC server's, perhaps gone) is touched.
         by_name = _ggml(lib)[3]
         devs = (ctypes.c_void_p * (len(layout.devices) + 1))(*[by_name(d.encode()) for d in layout.devices], None)
-        mparams.devices = ctypes.cast(devs, ctypes.c_void_p).value  # NULL-terminated ggml_backend_dev_t list
+        mparams.devices = ctypes.cast(devs, ctypes.c_void_p).value
         keep.append(devs)
     return keep
 

@@ -52,11 +52,16 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def servers():
-    started = [_start_server() for _ in range(2)]
-    yield [endpoint for _, endpoint in started]
-    for proc, _ in started:
+def started():
+    procs = [_start_server() for _ in range(2)]
+    yield procs
+    for proc, _ in procs:
         _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def servers(started):
+    return [endpoint for _, endpoint in started]
 
 
 def test_a_tree_verified_over_two_rpc_servers_emits_plain_decodings_text(default_model_path, lm, servers):
@@ -106,3 +111,17 @@ def test_a_server_that_dies_mid_run_is_one_line_and_status_1(tmp_path):
     finally:
         _stop(proc)
         _stop(other)
+
+
+def test_a_local_model_loaded_after_the_servers_are_gone_touches_none_of_their_devices(default_model_path, lm,
+                                                                                       started, servers):
+    """The servers' devices stay registered in this process; a model of the local CPU's layout
+    is given no device, so llama.cpp never asks the dead servers for anything."""
+    for proc, _ in started:
+        _stop(proc)
+    prompt = lm.chat_prompt([{"role": "user", "content": QUESTIONS[0]}])
+    local = LlamaModel(default_model_path)
+    try:
+        assert run(local.target(), prompt, parse_arm("ar"), 8).tokens == run(lm.target(), prompt, parse_arm("ar"), 8).tokens
+    finally:
+        local.close()
