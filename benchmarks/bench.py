@@ -18,9 +18,6 @@ the arms interleaved and each pass in the opposite order of the last, and report
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -808,25 +805,6 @@ def onerow(
 RPC_ARMS = "ar,chain:3,adaspark,llama:ar,llama:ngram-mod"
 
 
-def _rpc_server() -> tuple[subprocess.Popen, int]:
-    """``adaspark rpc-server`` on a free loopback port, listening (30 s at most)."""
-    from adaspark_core.engine.llama_server import free_port
-
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "adaspark_cli.main", "rpc-server", "--port", str(port),
-                             "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, port
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("rpc-server did not listen within 30 s")
-
-
 def _mean_width(log: Path) -> float | None:
     widths = [orjson.loads(line)["width"] for line in log.read_bytes().splitlines() if line.strip()]
     return statistics.fmean(widths) if widths else None
@@ -844,7 +822,7 @@ def rpc(
     """The model split over two loopback RPC servers behind delay relays, at each delay: compare's
     arms side by side (ours on one pair of servers, each llama-server arm on a pair of its own:
     a llama.cpp RPC server serves one client at a time), and adaspark's mean verified width."""
-    from benchmarks.relay import Relay
+    from benchmarks.relay import Relay, start_rpc_server, stop_rpc_server
 
     try:
         wanted = [float(d) for d in delays.split(",")]
@@ -854,7 +832,7 @@ def rpc(
     procs, relays = [], []
     try:
         for _ in range(2 * clients):
-            proc, port = _rpc_server()
+            proc, port = start_rpc_server()
             procs.append(proc)
             relays.append(Relay(("127.0.0.1", port)))
         pairs = [",".join(r.endpoint for r in relays[2 * k: 2 * k + 2]) for k in range(clients)]
@@ -879,8 +857,7 @@ def rpc(
         for r in relays:
             r.close()
         for proc in procs:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+            stop_rpc_server(proc)
 
 
 def _ratio(res: dict | None) -> str:

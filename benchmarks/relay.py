@@ -1,6 +1,6 @@
 """A network you can dial: a TCP relay on loopback that holds every chunk of data it carries, each
 way, for a fixed delay before passing it on (``make bench-rpc`` puts one in front of each llama.cpp
-RPC server).
+RPC server, which ``start_rpc_server`` starts; the RPC tests start theirs with it too).
 
 A chunk is due ``delay`` after it arrived and chunks leave in order, so the relay adds latency to
 every message without limiting throughput (a model's weights still upload at loopback speed). The
@@ -11,10 +11,44 @@ stops it and every connection it carries.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 
 CHUNK = 1 << 16
+
+
+def start_rpc_server(timeout: float = 30.0) -> tuple[subprocess.Popen, int]:
+    """``adaspark rpc-server`` (one thread) on a free loopback port, once it listens; RuntimeError
+    if it ends or does not listen within ``timeout`` seconds. ``stop_rpc_server`` kills it."""
+    from adaspark_core.engine.llama_server import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "adaspark_cli.main", "rpc-server", "--port", str(port),
+                             "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, port
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"rpc-server ended: {proc.stderr.read().decode()}") from None
+            time.sleep(0.1)
+    stop_rpc_server(proc)
+    raise RuntimeError(f"rpc-server did not listen within {timeout:g} s")
+
+
+def stop_rpc_server(proc: subprocess.Popen) -> None:
+    """Kill an rpc-server ``start_rpc_server`` started (its process group), and reap it."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
 
 
 class Relay:

@@ -360,6 +360,7 @@ class LazyGrammar:
         body = {**_bounded(schema), "x-guidance": LAZY_JSON_OPTIONS}
         self.grammar = f"%llguidance {{}}\nstart: value TAIL\nTAIL: /[ \\t\\r\\n]{{0,4}}/\nvalue: %json {json.dumps(body)}"
         self._free = b""  # the free text since the last held value, its last LAZY_WINDOW bytes
+        self._scan: tuple | None = None  # ``cut``'s scan of a free round's tokens, for ``after``
         self._start()  # compiled once now: a schema it cannot take is refused with the request
 
     def _start(self) -> Grammar:
@@ -380,14 +381,19 @@ class LazyGrammar:
     def cut(self, accepted: list[int], held: Grammar | None) -> list[int]:
         """The start of a round's ``accepted`` tokens that it may emit: up to the opening in a free
         round, up to the held value's end in a held one."""
-        end = held.complete_after(accepted) if held is not None else self._opening(accepted)[0]
+        if held is not None:
+            end = held.complete_after(accepted)
+        else:  # the scan is kept: ``after`` gets these tokens back unless an end or the budget cut them
+            end, value, tail = self._opening(accepted)
+            self._scan = (accepted if end is None else accepted[:end], end, value, tail)
         return accepted if end is None else accepted[:end]
 
     def after(self, committed: list[int], held: Grammar | None) -> Grammar | None:
         """The grammar of the next round, once ``committed`` joined the reply (``held`` has read them)."""
         if held is not None:
             return None if held.matcher.is_accepting() else held
-        end, value, self._free = self._opening(committed)
+        scan, self._scan = self._scan, None
+        end, value, self._free = scan[1:] if scan is not None and scan[0] == committed else self._opening(committed)
         if end is None:
             return None
         grammar = self._start()

@@ -208,10 +208,7 @@ def serve_rpc(host: str, port: int, threads: int | None, device: str | None,
     init_backend(verbose=False)
     start = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
                              ctypes.POINTER(ctypes.c_void_p))(_rpc_function(lib, "ggml_backend_rpc_start_server"))
-    count, get, name, by_name = _ggml(lib)
-    raw = lib.llama_cpp._lib
-    kind = raw.ggml_backend_dev_type
-    kind.restype, kind.argtypes = ctypes.c_int, [ctypes.c_void_p]
+    count, get, name, by_name, kind = _ggml(lib)
     if device is not None:
         dev = by_name(device.encode())
         if not dev:
@@ -247,9 +244,7 @@ def device_names(lib) -> list[str]:
 
 def offload_targets(lib) -> list[str]:
     """The devices layers can be offloaded to: GPUs, and the devices of RPC servers added."""
-    count, get, name = _ggml(lib)[:3]
-    kind = lib.llama_cpp._lib.ggml_backend_dev_type
-    kind.restype, kind.argtypes = ctypes.c_int, [ctypes.c_void_p]
+    count, get, name, _, kind = _ggml(lib)
     return [name(get(i)).decode() for i in range(count()) if kind(get(i)) in (DEV_GPU, DEV_IGPU)]
 
 
@@ -275,10 +270,11 @@ def model_params(mparams, layout: DeviceLayout, lib) -> list:
 def _ggml(lib):
     """ggml's device registry, reached through libllama (which links it)."""
     raw = lib.llama_cpp._lib
-    count, get, name, by_name = (raw.ggml_backend_dev_count, raw.ggml_backend_dev_get, raw.ggml_backend_dev_name,
-                                 raw.ggml_backend_dev_by_name)
+    count, get, name, by_name, kind = (raw.ggml_backend_dev_count, raw.ggml_backend_dev_get, raw.ggml_backend_dev_name,
+                                       raw.ggml_backend_dev_by_name, raw.ggml_backend_dev_type)
     count.restype, count.argtypes = ctypes.c_size_t, []
     get.restype, get.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     name.restype, name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
     by_name.restype, by_name.argtypes = ctypes.c_void_p, [ctypes.c_char_p]
-    return count, get, name, by_name
+    kind.restype, kind.argtypes = ctypes.c_int, [ctypes.c_void_p]
+    return count, get, name, by_name, kind

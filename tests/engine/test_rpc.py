@@ -3,9 +3,6 @@ here on free ports and killed by PID): the text a tree verifies there is the tex
 gives there, and locally the same up to near ties; a server that cannot be reached, or that dies
 mid-run, is one error line, never a hang."""
 
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +17,7 @@ from adaspark_core.engine.devices import parse_layout
 from adaspark_core.engine.llama import LlamaModel
 from adaspark_core.engine.llama_sequence import score
 from adaspark_core.engine.llama_server import free_port
+from benchmarks.relay import start_rpc_server, stop_rpc_server
 
 pytestmark = [pytest.mark.model,
               pytest.mark.skipif(not L.llama_supports_rpc(), reason="llama-cpp-python built without GGML_RPC")]
@@ -28,27 +26,8 @@ QUESTIONS = ["Write one sentence about the sea.", "List three uses of copper.", 
 
 
 def _start_server() -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "adaspark_cli.main", "rpc-server", "--port", str(port),
-                             "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, f"127.0.0.1:{port}"
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"rpc-server ended: {proc.stderr.read().decode()}")
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("rpc-server did not listen within 30 s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
+    proc, port = start_rpc_server()
+    return proc, f"127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +35,7 @@ def started():
     procs = [_start_server() for _ in range(2)]
     yield procs
     for proc, _ in procs:
-        _stop(proc)
+        stop_rpc_server(proc)
 
 
 @pytest.fixture(scope="module")
@@ -103,14 +82,14 @@ def test_a_server_that_dies_mid_run_is_one_line_and_status_1(tmp_path):
                                  "--arm", "ar", "--rpc", f"{endpoint},{endpoint2}", "--store", str(tmp_path / "s.json")],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert run_.stdout.read(40)  # decoding over both servers
-        _stop(proc)
+        stop_rpc_server(proc)
         _, err = run_.communicate(timeout=60)
         assert run_.returncode == 1
         lines = err.strip().splitlines()
         assert lines[-1].startswith("adaspark: error: llama.cpp stopped, an RPC server lost"), err
     finally:
-        _stop(proc)
-        _stop(other)
+        stop_rpc_server(proc)
+        stop_rpc_server(other)
 
 
 def test_a_local_model_loaded_after_the_servers_are_gone_touches_none_of_their_devices(default_model_path, lm,
@@ -118,7 +97,7 @@ def test_a_local_model_loaded_after_the_servers_are_gone_touches_none_of_their_d
     """The servers' devices stay registered in this process; a model of the local CPU's layout
     is given no device, so llama.cpp never asks the dead servers for anything."""
     for proc, _ in started:
-        _stop(proc)
+        stop_rpc_server(proc)
     prompt = lm.chat_prompt([{"role": "user", "content": QUESTIONS[0]}])
     local = LlamaModel(default_model_path)
     try:
