@@ -56,6 +56,7 @@ def compare(
     device: Optional[str] = console.DEVICE,
     tensor_split: Optional[str] = console.TENSOR_SPLIT,
     rpc: Optional[str] = console.RPC,
+    rpc_timeout: float = console.RPC_TIMEOUT,
     resamples: int = typer.Option(2000, "--resamples", min=100, help="Bootstrap resamples (seeded)."),
     warm: int = typer.Option(0, "--warm", min=0, help="Run the learning arms over the workload K times, untimed, before measuring (0: a cold store)."),
     logs: Optional[Path] = typer.Option(None, "--logs", help="Folder for a round log per AdaSpark arm (adaspark.jsonl, ...; warm passes: warm-<arm>.jsonl), for replay."),
@@ -86,7 +87,7 @@ def compare(
         if out is not None:  # found unwritable now, not after the whole run
             landing(out / RESULTS)
         with Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads,
-                                        layout=console.layout(n_gpu_layers, device, tensor_split, rpc), drafter=drafter, block=block,
+                                        layout=console.layout(n_gpu_layers, device, tensor_split, rpc, rpc_timeout), drafter=drafter, block=block,
                                           draft_top_k=draft_top_k, reuse_prefix=reuse_prefix,
                                           chat_template=console.chat_template(chat_template_file))) as rt:
             names, replies = _run(rt, arms, convs, max_tokens, repeat, warm, logs, memory_mb, warm_convs, how,

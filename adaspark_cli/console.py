@@ -22,7 +22,7 @@ from adaspark_core.base.errors import InputError, OutputError
 from adaspark_core.base.files import read_regular
 from adaspark_core.base.sampling import Sampling
 from adaspark_core.decode.grammar import ANY_OBJECT
-from adaspark_core.engine.devices import DeviceLayout, parse_layout
+from adaspark_core.engine.devices import RPC_TIMEOUT_SECONDS, DeviceLayout, parse_layout
 
 
 def fail(message: str) -> None:
@@ -165,6 +165,7 @@ N_GPU_LAYERS = typer.Option(None, "--n-gpu-layers", help="Layers to offload from
 DEVICE = typer.Option(None, "--device", help="Comma-separated backend devices to offload to, by llama.cpp's names (CUDA0, Vulkan0, ...; default: every one found).")
 TENSOR_SPLIT = typer.Option(None, "--tensor-split", help="Comma-separated share of the offloaded layers for each device (3,1).")
 RPC = typer.Option(None, "--rpc", help="Comma-separated HOST:PORT of llama.cpp RPC servers whose devices take layers too (docs/devices.md).")
+RPC_TIMEOUT = typer.Option(RPC_TIMEOUT_SECONDS, "--rpc-timeout", min=0.001, help="Seconds an RPC server may take over one message, its compute included, before the run ends with an error (a server that stopped answering).")
 ARM = typer.Option("adaspark", "--arm", help="adaspark, cost, pinned:N, tree:N, chain:N or ar.")
 STORE = typer.Option(None, "--store", help="Learned state for the learning arms (default: one per model, drafter and machine, in the cache).")
 TEMPERATURE = typer.Option(0.0, "--temperature", min=0.0, max=2.0, help="0: greedy. Above 0: sampled, with speculation that never changes the sample (draws keyed by --seed and position).")
@@ -235,10 +236,10 @@ LOG = typer.Option(None, "--log", help="Append one JSON line per round to this f
 
 
 def layout(n_gpu_layers: Optional[str], device: Optional[str], tensor_split: Optional[str],
-           rpc: Optional[str]) -> DeviceLayout:
-    """The device layout the four options name; one error line and exit code 2 for a bad one."""
+           rpc: Optional[str], rpc_timeout: float = RPC_TIMEOUT_SECONDS) -> DeviceLayout:
+    """The device layout the options name; one error line and exit code 2 for a bad one."""
     try:
-        return parse_layout(n_gpu_layers, device, tensor_split, rpc)
+        return parse_layout(n_gpu_layers, device, tensor_split, rpc, rpc_timeout)
     except InputError as e:
         fail(str(e))
 

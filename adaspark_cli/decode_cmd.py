@@ -33,6 +33,7 @@ def decode(
     device: Optional[str] = console.DEVICE,
     tensor_split: Optional[str] = console.TENSOR_SPLIT,
     rpc: Optional[str] = console.RPC,
+    rpc_timeout: float = console.RPC_TIMEOUT,
     store: Optional[Path] = console.STORE,
     memory_mb: float = console.MEMORY_MB,
     drafter: str = console.DRAFTER,
@@ -53,7 +54,7 @@ def decode(
     text = console.read_prompt(prompt_file)
     system = console.utf8(system, "--system") if system is not None else None
     with reported(), Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads,
-                                                layout=console.layout(n_gpu_layers, device, tensor_split, rpc), drafter=drafter,
+                                                layout=console.layout(n_gpu_layers, device, tensor_split, rpc, rpc_timeout), drafter=drafter,
                                                 block=block, draft_top_k=draft_top_k,
                                                 chat_template=console.chat_template(chat_template_file)),
                                   Speculation.of(arm, memory_mb=memory_mb), store=store, log=log) as rt:

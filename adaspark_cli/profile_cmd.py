@@ -68,6 +68,7 @@ def profile(
     device: Optional[str] = console.DEVICE,
     tensor_split: Optional[str] = console.TENSOR_SPLIT,
     rpc: Optional[str] = console.RPC,
+    rpc_timeout: float = console.RPC_TIMEOUT,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (machine, model, every sample, the fits) instead of a table."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also write a PNG of verify time against rows, one line per context (needs matplotlib: pip install 'adaspark[plot]')."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
@@ -88,7 +89,7 @@ def profile(
             landing(plot)
         ws = prof.check_widths(prof.parse_ints(widths, "widths"))  # before the model loads
         cs = prof.parse_ints(contexts, "contexts") if contexts else None
-        lm = open_model(model, layout=console.layout(n_gpu_layers, device, tensor_split, rpc))
+        lm = open_model(model, layout=console.layout(n_gpu_layers, device, tensor_split, rpc, rpc_timeout))
         if isinstance(lm, SimModel):
             raise InputError(f"profile measures llama.cpp's verify time: {lm.path} is a simulated model")
         ws, cs, n_ctx, notes = prof.plan(ws, cs, lm.n_ctx_train)

@@ -50,6 +50,7 @@ def serve_stdin(
     device: Optional[str] = console.DEVICE,
     tensor_split: Optional[str] = console.TENSOR_SPLIT,
     rpc: Optional[str] = console.RPC,
+    rpc_timeout: float = console.RPC_TIMEOUT,
     reuse_prefix: bool = typer.Option(True, "--reuse-prefix/--no-reuse-prefix",
                                       help="Keep the last request's KV and prefill only what follows the common "
                                            "token prefix."),
@@ -61,7 +62,7 @@ def serve_stdin(
         console.fail("stdin is closed: serve-stdin reads its requests there")
     with reported():
         rt = Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads,
-                                        layout=console.layout(n_gpu_layers, device, tensor_split, rpc), drafter=drafter, block=block,
+                                        layout=console.layout(n_gpu_layers, device, tensor_split, rpc, rpc_timeout), drafter=drafter, block=block,
                                             draft_top_k=draft_top_k, reuse_prefix=reuse_prefix,
                                             chat_template=console.chat_template(chat_template_file)),
                           Speculation.of(arm, memory_mb=memory_mb), store=store, log=log)

@@ -37,6 +37,7 @@ def serve(
     device: Optional[str] = console.DEVICE,
     tensor_split: Optional[str] = console.TENSOR_SPLIT,
     rpc: Optional[str] = console.RPC,
+    rpc_timeout: float = console.RPC_TIMEOUT,
     parallel: int = typer.Option(1, "--parallel", "-np", min=1, max=64,
                                  help="Requests decoded together (llama-server's -np), each in a slot of --n-ctx "
                                       "tokens. llama.cpp models only, no --drafter."),
@@ -71,7 +72,7 @@ def serve(
         sock = http_app.listen(host, port, max_connections)
         try:
             rt = Runtime.open(EngineOptions(model=model, n_ctx=n_ctx, threads=threads,
-                                            layout=console.layout(n_gpu_layers, device, tensor_split, rpc), drafter=drafter, block=block,
+                                            layout=console.layout(n_gpu_layers, device, tensor_split, rpc, rpc_timeout), drafter=drafter, block=block,
                                             draft_top_k=draft_top_k, reuse_prefix=reuse_prefix, parallel=parallel,
                                             chat_template=console.chat_template(chat_template_file)),
                               Speculation.of(arm, memory_mb=memory_mb), store=store, log=log)

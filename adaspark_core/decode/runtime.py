@@ -31,7 +31,7 @@ from adaspark_core.decode.arms import Arm, Speculation
 from adaspark_core.decode.generation import Generation
 from adaspark_core.decode.grammar import Grammar, LazyGrammar
 from adaspark_core.engine import simlm
-from adaspark_core.engine.devices import DeviceLayout
+from adaspark_core.engine.devices import DeviceLayout, on_server_lost
 from adaspark_core.learn.learned import Learners
 from adaspark_core.store.fingerprint import fingerprint, fingerprint_key
 from adaspark_core.store.record import RoundLog
@@ -134,6 +134,7 @@ class Runtime:
         # Each slot's last n-gram index, which its next request extends where its prompt goes on
         # from that request's text (candidates/ngram.py KeptIndexes).
         self.kept_indexes = KeptIndexes()
+        self._forget_hook: Callable[[], None] | None = None  # takes back on_server_lost's hook
 
     @property
     def arm(self) -> Arm | None:
@@ -168,6 +169,8 @@ class Runtime:
                 rt.learners = Learners.from_store(rt.store, spec.learners)
                 if the_arm.uses_ngram and spec.memory_mb > 0:
                     rt.memory = load_memory(rt.store.path, fingerprint_key(fp), spec.memory_mb, rt.model.n_vocab)
+                if getattr(rt.model, "layout", DeviceLayout()).rpc:
+                    rt._forget_hook = on_server_lost(rt.save)  # what was learned outlives a lost server
             if log is not None:
                 _check_log(log, rt)
                 rt.log = RoundLog(log)
@@ -262,6 +265,8 @@ class Runtime:
 
     def close(self) -> None:
         """Release everything, in the order it was opened backwards; safe to call twice."""
+        if self._forget_hook is not None:
+            self._forget_hook = self._forget_hook()
         for part in (self.log, self.store, self.drafter, self.target, self.engine):
             if part is not None:
                 part.close()

@@ -20,7 +20,8 @@ import ctypes
 import os
 import re
 import socket
-from dataclasses import dataclass
+import struct
+from dataclasses import dataclass, field
 from typing import Callable
 
 from adaspark_core.base.errors import InputError
@@ -28,6 +29,10 @@ from adaspark_core.base.errors import InputError
 ALL_LAYERS = -1  # llama.cpp: a negative n_gpu_layers offloads every layer
 DEV_CPU, DEV_GPU, DEV_IGPU = 0, 1, 2  # ggml_backend_dev_type
 _ENDPOINT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):(\d{1,5})$")
+# How long an RPC server may take over one message (a reply includes the compute it waits for: a
+# prefill batch of a large model on a slow host can take a minute) before the run ends with an
+# error; ggml's own reads wait for ever, so a server that stops answering would hang the run.
+RPC_TIMEOUT_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -35,12 +40,14 @@ class DeviceLayout:
     """``n_gpu_layers``: layers offloaded (ALL_LAYERS: all); ``devices``: the backend devices to
     offload to, by name (empty: every device llama.cpp finds); ``tensor_split``: each device's
     share of the offloaded layers (empty: by free memory, llama.cpp's default); ``rpc``: the
-    HOST:PORT of each RPC server whose device joins them."""
+    HOST:PORT of each RPC server whose device joins them; ``rpc_timeout``: the seconds a server
+    may take over one message (not part of the layout's identity: it prices nothing)."""
 
     n_gpu_layers: int = 0
     devices: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] = ()
     rpc: tuple[str, ...] = ()
+    rpc_timeout: float = field(default=RPC_TIMEOUT_SECONDS, compare=False)
 
     @property
     def local_cpu(self) -> bool:
@@ -82,7 +89,7 @@ def describe(fp: dict | None) -> str:
 
 
 def parse_layout(n_gpu_layers: str | None = None, device: str | None = None, tensor_split: str | None = None,
-                 rpc: str | None = None) -> DeviceLayout:
+                 rpc: str | None = None, rpc_timeout: float = RPC_TIMEOUT_SECONDS) -> DeviceLayout:
     """The layout the four options name (their text as typed); InputError naming the option for
     anything malformed. ``--n-gpu-layers`` takes a count or ``all``; ``--device`` and ``--rpc``
     comma-separated names and HOST:PORT endpoints; ``--tensor-split`` comma-separated shares."""
@@ -109,9 +116,11 @@ def parse_layout(n_gpu_layers: str | None = None, device: str | None = None, ten
         m = _ENDPOINT.match(e)
         if m is None or not 0 < int(m.group(2)) < 65536:
             raise InputError(f"--rpc wants HOST:PORT endpoints (192.168.1.2:50052), not {e!r}")
+    if not rpc_timeout > 0:
+        raise InputError(f"--rpc-timeout wants a number of seconds above 0, not {rpc_timeout!r}")
     if (split or devices or endpoints) and not layers:
         layers = ALL_LAYERS  # devices named and no layer count: offload them all, as llama.cpp's tools do
-    return DeviceLayout(layers, devices, split, endpoints)
+    return DeviceLayout(layers, devices, split, endpoints, rpc_timeout)
 
 
 def _items(text: str | None, option: str) -> tuple[str, ...]:
@@ -173,20 +182,66 @@ def add_rpc_servers(endpoints: tuple[str, ...], lib) -> None:
     _report_lost_servers(raw)
 
 
+def bound_rpc_reads(layout: DeviceLayout) -> int:
+    """Give each connection this process has to one of ``layout``'s RPC servers a send and a
+    receive timeout of ``layout.rpc_timeout``; returns how many it found. ggml opens them (one per
+    server, for as long as a model's buffers on it live) and waits on them for ever: with the
+    timeout, a server that stops answering fails a read, which ggml reports as a lost server
+    (``_report_lost_servers``). Called once a model is loaded, when its connections are open."""
+    peers = set()
+    for endpoint in layout.rpc:
+        host, _, port = endpoint.rpartition(":")
+        for *_, address in socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM):
+            peers.add(address[:2])
+    seconds = int(layout.rpc_timeout)
+    timeval = struct.pack("@ll", seconds, int((layout.rpc_timeout - seconds) * 1e6))
+    found = 0
+    for name in os.listdir("/dev/fd"):
+        try:
+            sock = socket.socket(fileno=int(name))  # only to reach the descriptor: detached below
+        except (OSError, ValueError):
+            continue  # not a socket (or the listing's own descriptor, closed by now)
+        try:
+            if sock.type == socket.SOCK_STREAM and sock.getpeername()[:2] in peers:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+                found += 1
+        except OSError:
+            pass  # not connected
+        finally:
+            sock.detach()
+    return found
+
+
 _on_abort = None  # the ctypes callback ggml holds (kept alive here)
+_last_words: list[Callable[[], None]] = []  # run before the process ends on a lost server
+
+
+def on_server_lost(save: Callable[[], None]) -> Callable[[], None]:
+    """Have ``save`` run (the learned state written) if a lost RPC server ends the process;
+    returns what takes it back."""
+    _last_words.append(save)
+    return lambda: _last_words.remove(save) if save in _last_words else None
 
 
 def _report_lost_servers(raw) -> None:
-    """A server that dies or stops answering mid-run makes ggml abort the process: say so in one
-    line (not a backtrace) and exit with status 1. The process cannot go on, since the model's
-    layers on that server are gone."""
+    """A server that dies or stops answering mid-run (``bound_rpc_reads``) makes ggml abort the
+    process: what ``on_server_lost`` asked for runs, then one line (not a backtrace) says so and
+    the process exits with status 1. It cannot go on, since the model's layers on that server are
+    gone. (ggml aborts in its RPC thread while the decode waits in llama.cpp, between rounds of
+    the learners, so what they hold is whole.)"""
     global _on_abort
     if _on_abort is not None:
         return
 
     def lost(message: bytes) -> None:
         text = message.decode(errors="replace").rsplit(": ", 1)[-1]
-        os.write(2, f"adaspark: error: llama.cpp stopped, an RPC server lost: {text}\n".encode())
+        for save in list(_last_words):
+            try:
+                save()
+            except Exception as e:  # noqa: BLE001 (the line below must still be said)
+                os.write(2, f"adaspark: warning: the learned state was not saved: {e}\n".encode())
+        os.write(2, f"adaspark: error: llama.cpp stopped, an RPC server lost or not answering: {text}\n".encode())
         os._exit(1)
 
     _on_abort = ctypes.CFUNCTYPE(None, ctypes.c_char_p)(lost)

@@ -20,7 +20,7 @@ import llguidance.llamacpp
 
 from adaspark_core.base.errors import InputError
 from adaspark_core.engine.bindings import check_gguf, init_backend
-from adaspark_core.engine.devices import DeviceLayout, effective, model_params
+from adaspark_core.engine.devices import DeviceLayout, bound_rpc_reads, effective, model_params
 from adaspark_core.engine.llama_target import LlamaTarget
 
 
@@ -38,6 +38,8 @@ class LlamaModel:
         self.ptr = L.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self.ptr:
             raise InputError(f"llama.cpp could not load the model: {self.path}")
+        if self.layout.rpc:
+            bound_rpc_reads(self.layout)
         self.vocab = L.llama_model_get_vocab(self.ptr)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = L.llama_model_n_ctx_train(self.ptr)

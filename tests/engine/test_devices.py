@@ -61,6 +61,37 @@ def test_a_store_knows_its_layout():
         "12 layers offloaded to CUDA0; split 1"
 
 
+def test_the_rpc_timeout_bounds_reads_but_is_no_part_of_the_layout():
+    assert parse_layout(rpc="h:1", rpc_timeout=5).rpc_timeout == 5
+    assert parse_layout(rpc="h:1", rpc_timeout=5) == parse_layout(rpc="h:1")  # it prices nothing
+    assert parse_layout(rpc="h:1", rpc_timeout=5).fingerprint() == parse_layout(rpc="h:1").fingerprint()
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(InputError, match="--rpc-timeout"):
+            parse_layout(rpc="h:1", rpc_timeout=bad)
+
+
+def test_the_connections_to_the_servers_get_the_timeout_and_no_other_socket_does():
+    """bound_rpc_reads finds ggml's connections by their peer: here, connections this test opens
+    to a listening socket stand for them, and one to another listener must stay unbounded."""
+    import socket
+    import struct
+
+    servers = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    ours = socket.create_connection(servers[0].getsockname())
+    other = socket.create_connection(servers[1].getsockname())
+    try:
+        layout = parse_layout(rpc=f"127.0.0.1:{servers[0].getsockname()[1]}", rpc_timeout=2.5)
+        assert devices.bound_rpc_reads(layout) == 1
+        timeout = struct.unpack("@ll", ours.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16))
+        assert timeout == (2, 500000)
+        assert struct.unpack("@ll", ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, 16)) == (2, 500000)
+        assert struct.unpack("@ll", other.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16)) == (0, 0)
+        ours.sendall(b"still open")  # the descriptor was only borrowed
+    finally:
+        for sock in (ours, other, *servers):
+            sock.close()
+
+
 def test_the_commands_refuse_a_bad_layout_in_one_line(tmp_path):
     prompt = next(PROMPTS.glob("*.txt"))
     assert_one_error_line(adaspark("decode", prompt, "--rpc", "10.0.0.2"), "--rpc", "HOST:PORT")
@@ -68,6 +99,7 @@ def test_the_commands_refuse_a_bad_layout_in_one_line(tmp_path):
     assert_one_error_line(adaspark("decode", prompt, "--model", SIM, "--n-gpu-layers", "4"), "simulated", "no device")
     assert_one_error_line(adaspark("profile", "--tensor-split", "0"), "--tensor-split")
     assert_one_error_line(adaspark("compare", "--model", SIM, "--device", "CUDA0"), "simulated")
+    assert_one_error_line(adaspark("decode", prompt, "--rpc", "h:1", "--rpc-timeout", "0"), "--rpc-timeout")
 
 
 @pytest.mark.model

@@ -3,11 +3,14 @@ here on free ports and killed by PID): the text a tree verifies there is the tex
 gives there, and locally the same up to near ties; a server that cannot be reached, or that dies
 mid-run, is one error line, never a hang."""
 
+import os
+import signal
 import subprocess
 import sys
 import time
 
 import llama_cpp as L
+import orjson
 import pytest
 from helpers import NEAR_TIE, adaspark, assert_one_error_line
 
@@ -88,6 +91,34 @@ def test_a_server_that_dies_mid_run_is_one_line_and_status_1(tmp_path):
         lines = err.strip().splitlines()
         assert lines[-1].startswith("adaspark: error: llama.cpp stopped, an RPC server lost"), err
     finally:
+        stop_rpc_server(proc)
+        stop_rpc_server(other)
+
+
+def test_a_server_that_stops_answering_ends_the_run_within_its_timeout_and_keeps_what_was_learned(tmp_path):
+    """A stopped server (SIGSTOP: its connection stays open, nothing comes back) would hold
+    ggml's read for ever; with --rpc-timeout the run ends in one line, status 1, and the rounds
+    learned before are in the store."""
+    proc, endpoint = _start_server()
+    other, endpoint2 = _start_server()
+    prompt, store = tmp_path / "p.txt", tmp_path / "s.json"
+    prompt.write_text("Write a long story about the sea.")
+    try:
+        run_ = subprocess.Popen([sys.executable, "-m", "adaspark_cli.main", "decode", str(prompt), "-n", "2000",
+                                 "--rpc", f"{endpoint},{endpoint2}", "--rpc-timeout", "2", "--store", str(store)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert run_.stdout.read(40)  # decoding over both servers
+        os.kill(other.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        _, err = run_.communicate(timeout=60)
+        assert time.monotonic() - stopped < 30
+        assert run_.returncode == 1
+        assert err.strip().splitlines()[-1].startswith("adaspark: error: llama.cpp stopped, an RPC server lost or not "
+                                                       "answering"), err
+        cost = orjson.loads(store.read_bytes())["sections"]["width"]["cost"]
+        assert cost["rounds"] > 0
+    finally:
+        os.kill(other.pid, signal.SIGCONT)
         stop_rpc_server(proc)
         stop_rpc_server(other)
 
