@@ -3,7 +3,8 @@
 Thin: find the store, call the core (store.Store, store_report.summarize), print.
 
 Which store: ``--store PATH`` names the file; otherwise it is the default store of ``--model``
-(default: the default model) with ``--drafter``, on this machine, as ``adaspark decode`` picks it.
+(default: the default model) with ``--drafter``, on this machine and the device layout the device
+options name (``--rpc`` ...: the servers are not reached), as ``adaspark decode`` picks it.
 ``show`` and ``export`` given only ``--store`` accept a store of any model (they read it, they do
 not learn into it); with ``--model`` or ``--drafter`` as well the store must be that model's.
 ``import`` always checks the file against a model's fingerprint (``--model``, default: the
@@ -23,6 +24,7 @@ import orjson
 import typer
 from tabulate import tabulate
 
+from adaspark_cli import console
 from adaspark_cli.console import fail, reported
 from adaspark_core.base.errors import InputError, StoreError
 from adaspark_core.base.files import read_regular
@@ -33,6 +35,7 @@ from adaspark_core.candidates.memory_file import memory_path
 from adaspark_core.candidates.memory_file import save as save_memory
 from adaspark_core.decode.runtime import open_model
 from adaspark_core.engine import devices
+from adaspark_core.engine.devices import DeviceLayout
 from adaspark_core.engine.models import DEFAULT_MODEL, KNOWN, default_model_file, resolve_model
 from adaspark_core.evaluate.store_report import CONTEXTS, summarize
 from adaspark_core.learn.learned import Learners
@@ -89,16 +92,18 @@ def _drafter_file(spec: Optional[str]) -> Optional[Path]:
 
 
 def locate(store: Optional[Path], model: Optional[str], drafter: Optional[str],
-           need_fingerprint: bool = False) -> tuple[Path, Optional[dict]]:
-    """(store file, the fingerprint it must have, or None for any)."""
-    if store is not None and model is None and drafter in (None, "", "none") and not need_fingerprint:
+           need_fingerprint: bool = False, layout: DeviceLayout = DeviceLayout()) -> tuple[Path, Optional[dict]]:
+    """(store file, the fingerprint it must have, or None for any). ``layout``: where the model's
+    layers ran (the device options, as decode takes them; the RPC servers are not reached)."""
+    if store is not None and model is None and drafter in (None, "", "none") and layout.local_cpu \
+            and not need_fingerprint:
         return store, None
     drafter_file = _drafter_file(drafter)
     if model is not None and is_sim(model):
         model_file = model
     else:
         model_file = _model_file(model, "model file") if model is not None else _default_model_file()
-    fp = fingerprint(model_file, drafter_file)
+    fp = fingerprint(model_file, drafter_file, layout=devices.recorded(layout).fingerprint())
     return (store if store is not None else default_store_path(fp)), fp
 
 
@@ -121,6 +126,10 @@ def inspect_store(
     store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
     model: Optional[str] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
     drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
+    n_gpu_layers: Optional[str] = console.N_GPU_LAYERS,
+    device: Optional[str] = console.DEVICE,
+    tensor_split: Optional[str] = console.TENSOR_SPLIT,
+    rpc: Optional[str] = console.RPC,
     as_json: bool = typer.Option(False, "--json", help="Print the whole summary as one JSON object (every bucket weight)."),
     context: Optional[List[int]] = typer.Option(None, "--context", "-c", min=1, help="A context (tokens) to price the laws at; repeat it (default: 443, 1596 and 8444, the paper's Table 1)."),
     top: int = typer.Option(12, "--top", min=0, help="How many bucket weights the table lists (largest |weight| first)."),
@@ -131,7 +140,7 @@ def inspect_store(
     as in the paper's Table 1 with its affine fit, levels, the fixed cost D, band rates,
     acceptance coefficients and bucket weights, counts, and the fingerprint it is keyed by."""
     with reported():
-        path, fp = locate(store, model, drafter)
+        path, fp = locate(store, model, drafter, layout=console.layout(n_gpu_layers, device, tensor_split, rpc))
         _require(path, _NO_STORE_HINT)
         st, file_schema = read_store(path, fp, hint="it was left as is: move it away or run `adaspark store reset`")
         learners = Learners.from_store(st)
@@ -172,6 +181,10 @@ def reset(
     store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
     model: Optional[str] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
     drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
+    n_gpu_layers: Optional[str] = console.N_GPU_LAYERS,
+    device: Optional[str] = console.DEVICE,
+    tensor_split: Optional[str] = console.TENSOR_SPLIT,
+    rpc: Optional[str] = console.RPC,
     yes: bool = typer.Option(False, "--yes", "-y", help="Remove it (required: this forgets what was learned)."),
     memory_only: bool = typer.Option(False, "--memory", help="Remove only the n-gram memory beside the store (earlier replies); keep the learners."),
 ) -> None:
@@ -180,7 +193,8 @@ def reset(
     Whatever they hold goes (corrupt ones too); the learners start from empty on the next decode. Nothing else is touched. With --memory, only
     the n-gram memory goes."""
     with reported():
-        path, _ = locate(store, model, drafter) if store is None else (store, None)
+        layout = console.layout(n_gpu_layers, device, tensor_split, rpc)
+        path, _ = locate(store, model, drafter, layout=layout) if store is None else (store, None)
         if path.is_dir():
             raise InputError(f"{path} is a directory, not a store file")
         mem_file = memory_path(path)
@@ -209,6 +223,10 @@ def memorize(
     store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
     model: Optional[str] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
     drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
+    n_gpu_layers: Optional[str] = console.N_GPU_LAYERS,
+    device: Optional[str] = console.DEVICE,
+    tensor_split: Optional[str] = console.TENSOR_SPLIT,
+    rpc: Optional[str] = console.RPC,
     memory_mb: float = typer.Option(64.0, "--memory-mb", min=0.0, help="The memory's cap: the oldest documents go first when it is full."),
 ) -> None:
     """Add a corpus to the store's n-gram memory, once.
@@ -226,7 +244,8 @@ def memorize(
                 raise InputError(f"the corpus file {f} was not found") from None
             except UnicodeDecodeError:
                 raise InputError(f"cannot read the corpus file {f} as UTF-8 text") from None
-        path, fp = locate(store, model, drafter, need_fingerprint=True)
+        path, fp = locate(store, model, drafter, need_fingerprint=True,
+                          layout=console.layout(n_gpu_layers, device, tensor_split, rpc))
         lm = open_model(model)
         with Store.open(path, fp) as st:  # the lock: never under a process that is learning into the store
             if not path.exists():
@@ -250,11 +269,15 @@ def export(
     store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
     model: Optional[str] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
     drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
+    n_gpu_layers: Optional[str] = console.N_GPU_LAYERS,
+    device: Optional[str] = console.DEVICE,
+    tensor_split: Optional[str] = console.TENSOR_SPLIT,
+    rpc: Optional[str] = console.RPC,
 ) -> None:
     """Copy the store to FILE, atomically. It is checked to be a readable store first."""
     hint = "nothing was exported"
     with reported():
-        path, fp = locate(store, model, drafter)
+        path, fp = locate(store, model, drafter, layout=console.layout(n_gpu_layers, device, tensor_split, rpc))
         _require(path, hint)
         st, _ = read_store(path, fp, hint=hint)
         if file.is_dir():
@@ -275,6 +298,10 @@ def import_(
     store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
     model: Optional[str] = typer.Option(None, "--model", "-m", help=_MODEL_HELP),
     drafter: Optional[str] = typer.Option(None, "--drafter", help=_DRAFTER_HELP),
+    n_gpu_layers: Optional[str] = console.N_GPU_LAYERS,
+    device: Optional[str] = console.DEVICE,
+    tensor_split: Optional[str] = console.TENSOR_SPLIT,
+    rpc: Optional[str] = console.RPC,
     force: bool = typer.Option(False, "--force", help="Import a store of another model or machine (its fingerprint is rewritten), and replace a different store already there."),
 ) -> None:
     """Install FILE as the store of a model on this machine. FILE must be a readable store with the
@@ -282,7 +309,8 @@ def import_(
     overrides both. Written atomically; FILE is not modified."""
     hint = "nothing was imported"
     with reported():
-        path, fp = locate(store, model, drafter, need_fingerprint=True)
+        path, fp = locate(store, model, drafter, need_fingerprint=True,
+                          layout=console.layout(n_gpu_layers, device, tensor_split, rpc))
         if file.is_dir():
             raise InputError(f"{file} is a directory, not a store file; {hint}")
         src, _ = read_store(file, None, hint=hint)

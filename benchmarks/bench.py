@@ -6,7 +6,7 @@
     python -m benchmarks.bench step [--context C]
     python -m benchmarks.bench load [--clients 1,4] [--requests N] [--repeats K]
     python -m benchmarks.bench onerow LOGS [--json]
-    python -m benchmarks.bench rpc [--delays 0,0.5,2] [--arms ...] [--max-tokens N]
+    python -m benchmarks.bench rpc [--delays 0,0.5,2] [--arms ...] [--max-tokens N] [--warm K]
 
 A bad argument is one line on stderr and exit code 2, as for adaspark's own commands.
 
@@ -805,9 +805,14 @@ def onerow(
 RPC_ARMS = "ar,chain:3,adaspark,llama:ar,llama:ngram-mod"
 
 
-def _mean_width(log: Path) -> float | None:
-    widths = [orjson.loads(line)["width"] for line in log.read_bytes().splitlines() if line.strip()]
-    return statistics.fmean(widths) if widths else None
+def _mean_width(replies: list[dict], arm: str) -> float | None:
+    """An arm's mean verified width over its rounds in ``replies`` (compare.json's)."""
+    rounds = Counter()
+    for r in replies:
+        if r["arm"] == arm:
+            rounds.update({int(w): n for w, n in (r.get("widths") or {}).items()})
+    total = sum(rounds.values())
+    return sum(w * n for w, n in rounds.items()) / total if total else None
 
 
 @app.command()
@@ -817,11 +822,15 @@ def rpc(
     subset: str = typer.Option("eval", "--subset", help="compare's --subset."),
     max_turns: int = typer.Option(1, "--max-turns", min=1),
     max_tokens: int = typer.Option(96, "--max-tokens", min=1),
+    warm: int = typer.Option(1, "--warm", min=0, help="compare's --warm with --warm-on first-half: untimed passes of the learning arms over the first half of the conversations at each delay, the other half reported (0: cold, all reported)."),
     out: Path = typer.Option(Path("bench-out-rpc"), "--out", help="A folder per delay (compare.json, logs)."),
 ) -> None:
     """The model split over two loopback RPC servers behind delay relays, at each delay: compare's
     arms side by side (ours on one pair of servers, each llama-server arm on a pair of its own:
-    a llama.cpp RPC server serves one client at a time), and adaspark's mean verified width."""
+    a llama.cpp RPC server serves one client at a time), and adaspark's mean verified width. The
+    learning arms learn each delay afresh (compare's store is its own), warm by default: the
+    cost model has then met the network it is priced on, and the conversations reported are ones
+    the warm pass did not see (its n-gram memory holds none of their text)."""
     from benchmarks.relay import Relay, start_rpc_server, stop_rpc_server
 
     try:
@@ -843,12 +852,14 @@ def rpc(
             where = out / f"delay-{delay:g}ms"
             cmd = [sys.executable, "-m", "adaspark_cli.main", "compare", "--sets", str(benchmark_sets()), "--arms", arms,
                    "--subset", subset, "--max-turns", str(max_turns), "--max-tokens", str(max_tokens),
+                   "--warm", str(warm), "--warm-on", "first-half" if warm else "all",
                    "--out", str(where), "--logs", str(where / "logs"), "--rpc", pairs[0]]
             for pair in pairs[1:]:
                 cmd += ["--peer-rpc", pair]
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-            summary = orjson.loads((where / "compare.json").read_bytes())["summary"]["first_n"]["vs_baseline"]
-            width = _mean_width(where / "logs" / "adaspark.jsonl") if (where / "logs" / "adaspark.jsonl").exists() else None
+            report = orjson.loads((where / "compare.json").read_bytes())
+            summary = (report["summary"]["held_out"]["unseen"] if warm else report["summary"])["first_n"]["vs_baseline"]
+            width = _mean_width([r for r in report["replies"] if not r["warmed"]], "adaspark")
             rows.append([f"{delay:g}"] + [_ratio(summary.get(a.strip(), {}).get("overall")) for a in arms.split(",")[1:]]
                         + [f"{width:.2f}" if width is not None else "-"])
         typer.echo(tabulate(rows, ["delay ms"] + [f"{a.strip()} / ar" for a in arms.split(",")[1:]]

@@ -148,38 +148,92 @@ def effective(layout: DeviceLayout, lib) -> DeviceLayout:
         raise InputError(f"--device: no device {unknown[0]!r} here (llama.cpp has {', '.join(names)})")
     if len(layout.tensor_split) > lib.llama_max_devices():
         raise InputError(f"--tensor-split: at most {lib.llama_max_devices()} shares")
-    if not offload_targets(lib):
-        return DeviceLayout()  # no GPU here and no RPC server: every layer stays on the CPU whatever was asked
-    return layout
+    return recorded(layout, lib)
 
 
-RPC_CONNECT_SECONDS = 5.0  # a server that does not answer a connect within this is reported, not waited on
+def recorded(layout: DeviceLayout, lib=None) -> DeviceLayout:
+    """The layout a run on ``layout`` records (``effective`` once its servers are reached), told
+    without reaching them, so the store commands find a layout's store: RPC servers always take
+    the layers; GPU layers only where the build has a device to offload to, else every layer stays
+    on the CPU whatever was asked. ``lib``: llama.cpp (default: loaded here)."""
+    if layout.local_cpu or layout.rpc:
+        return layout
+    if lib is None:
+        import llama_cpp as lib
+
+        from adaspark_core.engine.bindings import init_backend
+
+        init_backend(verbose=False)
+    return layout if offload_targets(lib) else DeviceLayout()
+
+
+RPC_CONNECT_SECONDS = 5.0  # a server that does not answer a connect or a hello within this is reported, not waited on
+RPC_HELLO = 14  # ggml-rpc's first command: | 14 | request size (u64) | connection capabilities |
+RPC_CAPS_BYTES = 24  # the capabilities of a hello (none asked for here: a plain TCP connection)
 _registered: set[str] = set()  # endpoints whose devices ggml has (once per process, as ggml keeps them)
+_greeting: tuple[str, str] | None = None  # (endpoint, its protocol) while ggml connects to it
 
 
 def add_rpc_servers(endpoints: tuple[str, ...], lib) -> None:
-    """Register the devices of each RPC server with ggml. Each is first reached from here with a
-    bounded connect, since ggml's own connect waits as long as the system lets it."""
+    """Register the devices of each RPC server with ggml. Each is first greeted from here
+    (``rpc_hello``), with bounded waits, since ggml's own connect and hello wait for ever; a server
+    whose protocol ggml then refuses is one line and exit status 2 (``_report_lost_servers``)."""
+    global _greeting
     add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(_rpc_function(lib, "ggml_backend_rpc_add_server",
                                                                                   "--rpc: "))
     raw = lib.llama_cpp._lib
     register = raw.ggml_backend_register
     register.restype, register.argtypes = None, [ctypes.c_void_p]
+    _report_lost_servers(raw)
     for endpoint in endpoints:
         if endpoint in _registered:
             continue
-        host, _, port = endpoint.rpartition(":")
+        _greeting = (endpoint, rpc_hello(endpoint))
         try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=RPC_CONNECT_SECONDS).close()
-        except OSError as e:
-            raise InputError(f"--rpc: cannot reach the RPC server at {endpoint} ({e.strerror or e})") from None
-        reg = add_server(endpoint.encode())
+            reg = add_server(endpoint.encode())
+        finally:
+            _greeting = None
         if not reg:
             raise InputError(f"--rpc: the server at {endpoint} is no llama.cpp RPC server of this version "
                              "(it offered no device)")
         register(reg)
         _registered.add(endpoint)
-    _report_lost_servers(raw)
+
+
+def rpc_hello(endpoint: str, timeout: float = RPC_CONNECT_SECONDS) -> str:
+    """The protocol version (``7.0.0``) the llama.cpp RPC server at ``endpoint`` answers a hello
+    with, each wait bounded by ``timeout``; InputError for a server that cannot be reached, does
+    not answer, or answers as no RPC server does. (A server serves one client at a time; this
+    connection ends before ggml's begins.)"""
+    host, _, port = endpoint.rpartition(":")
+    said = f"--rpc: the server at {endpoint}"
+    try:
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+    except OSError as e:
+        raise InputError(f"--rpc: cannot reach the RPC server at {endpoint} ({e.strerror or e})") from None
+    with sock:
+        try:
+            sock.sendall(bytes([RPC_HELLO]) + struct.pack("<Q", RPC_CAPS_BYTES) + bytes(RPC_CAPS_BYTES))
+            size = struct.unpack("<Q", _receive(sock, 8))[0]
+            if not 3 <= size <= 1024:  # major, minor, patch (and the capabilities, since protocol 7)
+                raise InputError(f"{said} is no llama.cpp RPC server (its answer to a hello is {size} bytes)")
+            major, minor, patch = _receive(sock, size)[:3]
+        except TimeoutError:
+            raise InputError(f"{said} did not answer a hello within {timeout:g} s (is it a llama.cpp RPC "
+                             "server?)") from None
+        except OSError as e:
+            raise InputError(f"{said} dropped the connection at its hello ({e.strerror or e}; is it a llama.cpp "
+                             "RPC server?)") from None
+    return f"{major}.{minor}.{patch}"
+
+
+def _receive(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        if not (chunk := sock.recv(n - len(data))):
+            raise ConnectionResetError(0, "closed")
+        data += chunk
+    return data
 
 
 def bound_rpc_reads(layout: DeviceLayout) -> int:
@@ -235,7 +289,12 @@ def _report_lost_servers(raw) -> None:
         return
 
     def lost(message: bytes) -> None:
-        text = message.decode(errors="replace").rsplit(": ", 1)[-1]
+        text = message.decode(errors="replace").rsplit(": ", 1)[-1].strip()
+        if _greeting is not None:  # ggml refused the server's hello: a bad argument, nothing lost
+            endpoint, version = _greeting
+            os.write(2, f"adaspark: error: --rpc: the server at {endpoint} speaks RPC protocol {version}, which this "
+                        f"build's llama.cpp refuses ({text}): run the rpc-server of the same llama.cpp\n".encode())
+            os._exit(2)
         for save in list(_last_words):
             try:
                 save()

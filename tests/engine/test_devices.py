@@ -92,6 +92,17 @@ def test_the_connections_to_the_servers_get_the_timeout_and_no_other_socket_does
             sock.close()
 
 
+def test_the_store_commands_locate_a_layouts_store_without_reaching_its_servers():
+    from adaspark_cli.store_cmd import locate
+
+    rpc = parse_layout(rpc="10.0.0.2:50052")  # nothing there: it is not asked
+    path, fp = locate(None, SIM, None, layout=rpc)
+    assert fp["layout"] == rpc.fingerprint() and path != locate(None, SIM, None)[0]
+    if not devices.offload_targets(L):  # this CPU build: GPU layers record the local CPU's store
+        assert devices.recorded(parse_layout("all")) == DeviceLayout()
+        assert locate(None, SIM, None, layout=parse_layout("all")) == locate(None, SIM, None)
+
+
 def test_the_commands_refuse_a_bad_layout_in_one_line(tmp_path):
     prompt = next(PROMPTS.glob("*.txt"))
     assert_one_error_line(adaspark("decode", prompt, "--rpc", "10.0.0.2"), "--rpc", "HOST:PORT")

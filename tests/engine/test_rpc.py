@@ -1,12 +1,16 @@
 """The model split over two llama.cpp RPC servers on loopback (``adaspark rpc-server``, started
 here on free ports and killed by PID): the text a tree verifies there is the text plain decoding
-gives there, and locally the same up to near ties; a server that cannot be reached, or that dies
-mid-run, is one error line, never a hang."""
+gives there, and locally the same up to near ties; a server that cannot be reached, never answers,
+speaks another protocol, dies or stops answering mid-run is one error line, never a hang; the
+store commands find a layout's store."""
 
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 
 import llama_cpp as L
@@ -65,6 +69,22 @@ def test_a_tree_verified_over_two_rpc_servers_emits_plain_decodings_text(default
         remote.close()
 
 
+def test_the_store_commands_find_the_store_a_run_over_rpc_learned(tmp_path, servers):
+    """A run over RPC learns into a store of its own layout; the device options lead the store
+    commands to it, and without them they name the local CPU's (none here)."""
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("List three uses of copper.")
+    rpc = ",".join(servers)
+    assert adaspark("decode", prompt, "--rpc", rpc, "-n", "16").returncode == 0
+    shown = adaspark("store", "show", "--rpc", rpc)
+    assert shown.returncode == 0, shown.stderr
+    assert f"RPC servers {', '.join(servers)}" in shown.stdout
+    exported = tmp_path / "export.json"
+    assert adaspark("store", "export", str(exported), "--rpc", rpc).returncode == 0
+    assert orjson.loads(exported.read_bytes())["fingerprint"]["layout"]["rpc"] == servers
+    assert "no store yet" in adaspark("store", "show").stderr  # the local CPU's: never learned here
+
+
 def test_an_unreachable_server_is_one_line_at_once(tmp_path):
     closed = free_port()  # nothing listens there
     t0 = time.monotonic()
@@ -73,6 +93,49 @@ def test_an_unreachable_server_is_one_line_at_once(tmp_path):
     res = adaspark("decode", prompt, "--rpc", f"127.0.0.1:{closed}", "-n", "4")
     assert_one_error_line(res, "--rpc", "cannot reach the RPC server", str(closed))
     assert time.monotonic() - t0 < 60
+
+
+def _fake_rpc_server(answer: bytes | None) -> socket.socket:
+    """A loopback listener standing for a server: with ``answer``, each connection's hello gets
+    it; without, nothing is ever read or said (a port of some other service that waits)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    if answer is not None:
+        def serve():
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.recv(1 + 8 + 24, socket.MSG_WAITALL)
+                    conn.sendall(answer)
+                    conn.recv(1)  # until the client goes
+        threading.Thread(target=serve, daemon=True).start()
+    return listener
+
+
+def test_a_port_that_never_answers_the_hello_is_one_line_in_bounded_time(tmp_path):
+    silent = _fake_rpc_server(None)
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("Hello.")
+    try:
+        t0 = time.monotonic()
+        res = adaspark("decode", prompt, "--rpc", f"127.0.0.1:{silent.getsockname()[1]}", "-n", "4")
+        assert_one_error_line(res, "--rpc", "did not answer a hello within 5 s")
+        assert time.monotonic() - t0 < 60
+    finally:
+        silent.close()
+
+
+def test_a_server_of_another_protocol_is_one_line_naming_it(tmp_path):
+    old = _fake_rpc_server(struct.pack("<Q", 28) + bytes([6, 1, 0, 0]) + bytes(24))  # protocol 6.1.0
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("Hello.")
+    try:
+        res = adaspark("decode", prompt, "--rpc", f"127.0.0.1:{old.getsockname()[1]}", "-n", "4")
+        assert_one_error_line(res, "--rpc", "speaks RPC protocol 6.1.0", "same llama.cpp")
+    finally:
+        old.close()
 
 
 def test_a_server_that_dies_mid_run_is_one_line_and_status_1(tmp_path):
