@@ -163,13 +163,14 @@ class Runtime:
                 rt.slots = [rt.target]
             rt.drafter = _drafter(opts.drafter, rt.model, rt.target, opts)
             if the_arm is not None and the_arm.learns:
+                layout = getattr(rt.model, "layout", DeviceLayout())  # a simulated model has none
                 fp = fingerprint(rt.model.path, rt.drafter.model.path if rt.drafter is not None else None,
-                                 layout=getattr(rt.model, "layout", DeviceLayout()).fingerprint())
+                                 layout=layout.fingerprint())
                 rt.store = Store.open(store or default_store_path(fp), fp)
                 rt.learners = Learners.from_store(rt.store, spec.learners)
                 if the_arm.uses_ngram and spec.memory_mb > 0:
                     rt.memory = load_memory(rt.store.path, fingerprint_key(fp), spec.memory_mb, rt.model.n_vocab)
-                if getattr(rt.model, "layout", DeviceLayout()).rpc:
+                if layout.rpc:
                     rt._forget_hook = on_server_lost(rt.save)  # what was learned outlives a lost server
             if log is not None:
                 _check_log(log, rt)

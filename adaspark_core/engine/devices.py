@@ -205,10 +205,9 @@ def rpc_hello(endpoint: str, timeout: float = RPC_CONNECT_SECONDS) -> str:
     with, each wait bounded by ``timeout``; InputError for a server that cannot be reached, does
     not answer, or answers as no RPC server does. (A server serves one client at a time; this
     connection ends before ggml's begins.)"""
-    host, _, port = endpoint.rpartition(":")
     said = f"--rpc: the server at {endpoint}"
     try:
-        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+        sock = socket.create_connection(_address(endpoint), timeout=timeout)
     except OSError as e:
         raise InputError(f"--rpc: cannot reach the RPC server at {endpoint} ({e.strerror or e})") from None
     with sock:
@@ -225,6 +224,12 @@ def rpc_hello(endpoint: str, timeout: float = RPC_CONNECT_SECONDS) -> str:
             raise InputError(f"{said} dropped the connection at its hello ({e.strerror or e}; is it a llama.cpp "
                              "RPC server?)") from None
     return f"{major}.{minor}.{patch}"
+
+
+def _address(endpoint: str) -> tuple[str, int]:
+    """HOST:PORT (HOST an IPv6 address in brackets too) as the socket module takes it."""
+    host, _, port = endpoint.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 def _receive(sock: socket.socket, n: int) -> bytes:
@@ -244,8 +249,7 @@ def bound_rpc_reads(layout: DeviceLayout) -> int:
     (``_report_lost_servers``). Called once a model is loaded, when its connections are open."""
     peers = set()
     for endpoint in layout.rpc:
-        host, _, port = endpoint.rpartition(":")
-        for *_, address in socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM):
+        for *_, address in socket.getaddrinfo(*_address(endpoint), type=socket.SOCK_STREAM):
             peers.add(address[:2])
     seconds = int(layout.rpc_timeout)
     timeval = struct.pack("@ll", seconds, int((layout.rpc_timeout - seconds) * 1e6))

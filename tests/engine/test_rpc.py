@@ -18,6 +18,7 @@ import orjson
 import pytest
 from helpers import NEAR_TIE, adaspark, assert_one_error_line
 
+from adaspark_core.base.paths import models_dir
 from adaspark_core.decode.arms import parse_arm
 from adaspark_core.decode.generation import run
 from adaspark_core.engine.devices import parse_layout
@@ -69,9 +70,13 @@ def test_a_tree_verified_over_two_rpc_servers_emits_plain_decodings_text(default
         remote.close()
 
 
-def test_the_store_commands_find_the_store_a_run_over_rpc_learned(tmp_path, servers):
+def test_the_store_commands_find_the_store_a_run_over_rpc_learned(tmp_path, servers, monkeypatch):
     """A run over RPC learns into a store of its own layout; the device options lead the store
-    commands to it, and without them they name the local CPU's (none here)."""
+    commands to it, and without them they name the local CPU's (none in this test's own home)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(models_dir(), target_is_directory=True)  # the prepared models, shared
+    monkeypatch.setenv("ADASPARK_HOME", str(home))
     prompt = tmp_path / "p.txt"
     prompt.write_text("List three uses of copper.")
     rpc = ",".join(servers)
