@@ -164,10 +164,21 @@ class LlamaTarget(FreedWithObject):
         self._hidden_pending = []
         self.pending = body[keep:]
         self.anchor = tokens[-1]
-        while self.pending and not defer:
+        if defer or not self.pending:
+            return
+        # A prefill reads no logits, so on an asynchronous backend (RPC servers, a GPU) the last
+        # chunk is still computing when llama_decode returns, and the first verify waited for it:
+        # 2.1 s of a 2491-token prompt over two RPC servers, counted as decoding. Its last row
+        # reads one row of logits, which waits for the compute (llama_synchronize only waits
+        # for the messages to be sent). On the CPU the decode is synchronous: no row is added.
+        wait = not self.model.layout.local_cpu
+        while self.pending:
             n = self._fill_prefill(0, self._c.cap)
+            self._c.out[n - 1] = wait and n == len(self.pending)
             self._c.decode(n, f"at position {self.n_past}")
             self._prefilled(n)
+        if wait:
+            self._c.logits(1)
 
     def _fill_prefill(self, row0: int, room: int) -> int:
         """Write up to ``room`` of the pending prompt tokens into the batch from row ``row0``, on

@@ -70,6 +70,25 @@ def test_a_tree_verified_over_two_rpc_servers_emits_plain_decodings_text(default
         remote.close()
 
 
+def test_a_prefill_over_rpc_returns_once_the_servers_computed_it(default_model_path, lm, servers):
+    """A prefill reads no logits, and over RPC its compute goes out without waiting for a reply:
+    the first verify then waited for the prompt's last chunk (2.1 s of a 2491-token prompt),
+    counted as decoding. The prefill's last row now reads its logits, over several chunks: they
+    are the prompt's next-token row, so the servers had computed the whole prompt."""
+    remote = LlamaModel(default_model_path, layout=parse_layout(rpc=",".join(servers)))
+    try:
+        target = remote.target()
+        text = " ".join(QUESTIONS) * 40
+        prompt = lm.chat_prompt([{"role": "user", "content": text}])
+        assert len(prompt) > target._c.cap  # more than one chunk
+        target.start(prompt + [lm.tokenize("The", special=False)[0]])
+        got = target._c.logits(1)[0]
+        want = score(lm, prompt)[-1]
+        assert abs(want[int(got.argmax())] - want.max()) < NEAR_TIE
+    finally:
+        remote.close()
+
+
 def test_the_store_commands_find_the_store_a_run_over_rpc_learned(tmp_path, servers, monkeypatch):
     """A run over RPC learns into a store of its own layout; the device options lead the store
     commands to it, and without them they name the local CPU's (none in this test's own home)."""
