@@ -164,21 +164,13 @@ class LlamaTarget(FreedWithObject):
         self._hidden_pending = []
         self.pending = body[keep:]
         self.anchor = tokens[-1]
-        if defer or not self.pending:
-            return
-        # A prefill reads no logits, so on an asynchronous backend (RPC servers, a GPU) the last
-        # chunk is still computing when llama_decode returns, and the first verify waited for it:
-        # 2.1 s of a 2491-token prompt over two RPC servers, counted as decoding. Its last row
-        # reads one row of logits, which waits for the compute (llama_synchronize only waits
-        # for the messages to be sent). On the CPU the decode is synchronous: no row is added.
-        wait = not self.model.layout.local_cpu
-        while self.pending:
+        while self.pending and not defer:
             n = self._fill_prefill(0, self._c.cap)
-            self._c.out[n - 1] = wait and n == len(self.pending)
-            self._c.decode(n, f"at position {self.n_past}")
+            # The prompt is in when start returns, not when the first verify waited for it; the
+            # chunks before the last need not wait (an RPC server computes one while the next goes in).
+            decode = self._c.decode_settled if n == len(self.pending) else self._c.decode
+            decode(n, f"at position {self.n_past}")
             self._prefilled(n)
-        if wait:
-            self._c.logits(1)
 
     def _fill_prefill(self, row0: int, room: int) -> int:
         """Write up to ``room`` of the pending prompt tokens into the batch from row ``row0``, on
@@ -385,7 +377,10 @@ def verify_together(items: list[tuple[LlamaTarget, Layout]], prefill: list[Llama
         chunks.append((slot, n))
         rows += n
     t1 = time.perf_counter()
-    c.decode(rows, f"of {len(items)} request(s) and {rows - outputs} prompt token(s)")
+    where = f"of {len(items)} request(s) and {rows - outputs} prompt token(s)"
+    # A step of prompt tokens alone that ends a prompt returns once it is computed, as a start does.
+    ends_a_prompt = any(n == len(slot.pending) for slot, n in chunks)
+    (c.decode_settled if not outputs and ends_a_prompt else c.decode)(rows, where)
     t2 = time.perf_counter()
     for slot, n in chunks:
         slot._prefilled(n)

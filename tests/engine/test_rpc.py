@@ -23,6 +23,7 @@ from adaspark_core.decode.arms import parse_arm
 from adaspark_core.decode.generation import run
 from adaspark_core.engine.devices import parse_layout
 from adaspark_core.engine.llama import LlamaModel
+from adaspark_core.engine.llama_batch import LlamaBatch
 from adaspark_core.engine.llama_sequence import score
 from adaspark_core.engine.llama_server import free_port
 from benchmarks.relay import start_rpc_server, stop_rpc_server
@@ -73,18 +74,26 @@ def test_a_tree_verified_over_two_rpc_servers_emits_plain_decodings_text(default
 def test_a_prefill_over_rpc_returns_once_the_servers_computed_it(default_model_path, lm, servers):
     """A prefill reads no logits, and over RPC its compute goes out without waiting for a reply:
     the first verify then waited for the prompt's last chunk (2.1 s of a 2491-token prompt),
-    counted as decoding. The prefill's last row now reads its logits, over several chunks: they
-    are the prompt's next-token row, so the servers had computed the whole prompt."""
+    counted as decoding. A prompt of several chunks, put in at once (``start``) or by a batched
+    server's steps of prompt tokens alone, now ends in a read of its last row's logits: they are
+    the prompt's next-token row, so the servers had computed the whole prompt."""
+    prompt = lm.chat_prompt([{"role": "user", "content": " ".join(QUESTIONS) * 40}])
+    want = score(lm, prompt)[-1]
+    anchor = lm.tokenize("The", special=False)[0]
     remote = LlamaModel(default_model_path, layout=parse_layout(rpc=",".join(servers)))
     try:
         target = remote.target()
-        text = " ".join(QUESTIONS) * 40
-        prompt = lm.chat_prompt([{"role": "user", "content": text}])
         assert len(prompt) > target._c.cap  # more than one chunk
-        target.start(prompt + [lm.tokenize("The", special=False)[0]])
-        got = target._c.logits(1)[0]
-        want = score(lm, prompt)[-1]
-        assert abs(want[int(got.argmax())] - want.max()) < NEAR_TIE
+        target.start(prompt + [anchor])
+        batch = LlamaBatch(remote, 2, n_ctx=2048, prefill_per_step=256)
+        slot = batch.slots[1]
+        slot.start(prompt + [anchor], defer=True)
+        while slot.pending:
+            batch.verify([], [slot])
+        for context in (target._c, batch._c):
+            got = int(context.logits(1)[0].argmax())
+            assert abs(want[got] - want.max()) < NEAR_TIE
+        batch.close()
     finally:
         remote.close()
 
