@@ -377,10 +377,10 @@ def verify_together(items: list[tuple[LlamaTarget, Layout]], prefill: list[Llama
         chunks.append((slot, n))
         rows += n
     t1 = time.perf_counter()
-    where = f"of {len(items)} request(s) and {rows - outputs} prompt token(s)"
-    # A step of prompt tokens alone that ends a prompt returns once it is computed, as a start does.
-    ends_a_prompt = any(n == len(slot.pending) for slot, n in chunks)
-    (c.decode_settled if not outputs and ends_a_prompt else c.decode)(rows, where)
+    # A step of prompt tokens alone that ends a prompt returns once it is computed, as a start
+    # does; a step with verify rows waits anyway, reading their logits.
+    settle = not outputs and any(n == len(slot.pending) for slot, n in chunks)
+    (c.decode_settled if settle else c.decode)(rows, f"of {len(items)} request(s) and {rows - outputs} prompt token(s)")
     t2 = time.perf_counter()
     for slot, n in chunks:
         slot._prefilled(n)

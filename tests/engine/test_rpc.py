@@ -81,6 +81,7 @@ def test_a_prefill_over_rpc_returns_once_the_servers_computed_it(default_model_p
     want = score(lm, prompt)[-1]
     anchor = lm.tokenize("The", special=False)[0]
     remote = LlamaModel(default_model_path, layout=parse_layout(rpc=",".join(servers)))
+    batch = None
     try:
         target = remote.target()
         assert len(prompt) > target._c.cap  # more than one chunk
@@ -93,8 +94,9 @@ def test_a_prefill_over_rpc_returns_once_the_servers_computed_it(default_model_p
         for context in (target._c, batch._c):
             got = int(context.logits(1)[0].argmax())
             assert abs(want[got] - want.max()) < NEAR_TIE
-        batch.close()
     finally:
+        if batch is not None:
+            batch.close()
         remote.close()
 
 
